@@ -1,0 +1,175 @@
+"""The run folder: where each stage's outputs live, the manifest that vouches for them, and
+atomic writes so that an interrupted stage never leaves a file a later stage would trust.
+
+    artifacts/<run>/
+      data/          tokenised corpus splits (train.bin, heldout.bin, data.json)
+      checkpoint/    Hugging Face format: config.json, model.safetensors, tokenizer files
+      train_state/   resumable optimizer/scheduler/RNG state of an unfinished fine-tune
+      onnx/<precision>/model.onnx
+      engines/       TensorRT plans and their metadata
+      reports/       one JSON (and sometimes markdown/png) per stage
+      manifest.json  every artifact's sha256 and producing stage; each stage's fingerprint
+
+A stage is up to date when the manifest holds its fingerprint (a hash of its config and of its
+inputs' sha256) and every artifact it produced is still on disk with the recorded hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import UserError
+
+ARTIFACTS_ROOT = Path("artifacts")
+TRACKED_PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "onnx", "onnxscript", "onnxruntime",
+                    "onnxruntime-gpu", "nvidia-modelopt", "polygraphy", "tensorrt", "tensorrt-rtx")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fingerprint(*parts: Any) -> str:
+    """A stable hash of JSON-able parts (configs, input hashes)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def package_versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for name in TRACKED_PACKAGES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[name] = importlib.metadata.version(name)
+    return found
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(target: Path) -> Iterator[Path]:
+    """Yield an empty sibling folder to fill; it replaces `target` only if the block succeeds."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    except OSError as e:
+        raise UserError(f"{target.parent}: cannot write here ({e.strerror}); choose a writable --artifacts folder") from None
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+    os.replace(tmp, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _files_under(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+
+
+class RunDir:
+    """Paths of one run and its manifest."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    data = property(lambda self: self.root / "data")
+    checkpoint = property(lambda self: self.root / "checkpoint")
+    train_state = property(lambda self: self.root / "train_state")
+    engines = property(lambda self: self.root / "engines")
+    reports = property(lambda self: self.root / "reports")
+    manifest_path = property(lambda self: self.root / "manifest.json")
+
+    def onnx(self, precision: str) -> Path:
+        return self.root / "onnx" / precision
+
+    def ensure_writable(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"{self.root}: cannot create the run folder ({e.strerror})") from None
+        if not os.access(self.root, os.W_OK):
+            raise UserError(f"{self.root}: the run folder is not writable; fix its permissions or pick another --artifacts")
+
+    # manifest -----------------------------------------------------------------------------
+    def manifest(self) -> dict[str, Any]:
+        if not self.manifest_path.exists():
+            return {"artifacts": {}, "stages": {}}
+        try:
+            return json.loads(self.manifest_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UserError(f"{self.manifest_path}: corrupt manifest; delete it and rerun the stages (--force)") from None
+
+    def rel(self, path: Path) -> str:
+        return Path(path).resolve().relative_to(self.root.resolve()).as_posix()
+
+    def record(self, stage: str, outputs: list[Path], stage_fingerprint: str, config: dict[str, Any],
+               extra: dict[str, Any] | None = None) -> None:
+        """Hash `outputs` (files or folders) and record them as `stage`'s artifacts."""
+        manifest = self.manifest()
+        arts = {k: v for k, v in manifest["artifacts"].items() if v.get("stage") != stage}
+        for out in outputs:
+            for f in _files_under(Path(out)):
+                arts[self.rel(f)] = {"sha256": sha256_file(f), "size": f.stat().st_size, "stage": stage}
+        manifest["artifacts"] = dict(sorted(arts.items()))
+        manifest["stages"][stage] = {"fingerprint": stage_fingerprint, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                     "config": config, "versions": package_versions(), **(extra or {})}
+        atomic_write_json(self.manifest_path, manifest)
+
+    def forget(self, stage: str) -> None:
+        """Drop a stage's record, e.g. before rewriting its outputs, so a crash cannot look fresh."""
+        manifest = self.manifest()
+        if stage in manifest["stages"] or any(a.get("stage") == stage for a in manifest["artifacts"].values()):
+            manifest["stages"].pop(stage, None)
+            manifest["artifacts"] = {k: v for k, v in manifest["artifacts"].items() if v.get("stage") != stage}
+            atomic_write_json(self.manifest_path, manifest)
+
+    def artifact_hashes(self, stage: str) -> dict[str, str]:
+        """{relative path: sha256} of what `stage` produced, as recorded."""
+        return {k: v["sha256"] for k, v in self.manifest()["artifacts"].items() if v.get("stage") == stage}
+
+    def is_fresh(self, stage: str, stage_fingerprint: str) -> bool:
+        manifest = self.manifest()
+        entry = manifest["stages"].get(stage)
+        if not entry or entry.get("fingerprint") != stage_fingerprint:
+            return False
+        for rel, art in manifest["artifacts"].items():
+            if art.get("stage") != stage:
+                continue
+            path = self.root / rel
+            if not path.is_file() or path.stat().st_size != art["size"] or sha256_file(path) != art["sha256"]:
+                return False
+        return True

@@ -1,0 +1,226 @@
+"""Typed configuration: presets, a TOML file, then `--set section.key=value` overrides.
+
+Every stage reads one `Config`. Presets give the model shape and sensible training settings
+(`tiny` runs the whole pipeline on a 2-core CPU in minutes; `gpt2` is the 124M shape). A TOML file
+overrides a preset section by section, and `--set` overrides single keys last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+from pipeline.errors import UserError
+
+GPT2_VOCAB_SIZE = 50257  # GPT-2's byte-level BPE; the embedded tokenizer has exactly this many
+
+
+@dataclass
+class ModelConfig:
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    n_positions: int = 1024  # the context limit: prompt + generated tokens never exceed it
+    vocab_size: int = GPT2_VOCAB_SIZE
+    dropout: float = 0.0  # fine-tuning from random init on little text overfits less slowly without it
+
+
+@dataclass
+class DataConfig:
+    source: str = ""  # "" = the embedded corpus; else a text file, a folder of text files, or `hf:NAME`
+    block_size: int = 1024  # tokens per packed training block
+    heldout_every: int = 20  # every Nth document goes to the held-out split
+    calib_samples: int = 64  # held-out blocks used to calibrate int8 (and fp16 AutoCast) export
+    calib_block_size: int = 128
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 2000  # optimizer steps
+    batch_size: int = 16  # blocks per micro-batch
+    grad_accum: int = 4  # micro-batches per optimizer step
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1  # the schedule decays to lr * min_lr_ratio
+    warmup_steps: int = 100
+    schedule: str = "cosine"  # cosine | linear | constant
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # 0 disables clipping
+    precision: str = "auto"  # auto (bf16 where supported, else fp32) | fp32 | bf16 | fp16
+    checkpointing: bool = False  # activation checkpointing: recompute block activations in backward
+    compile: bool = False  # torch.compile the model
+    eval_interval: int = 200  # steps between held-out evaluations
+    eval_batches: int = 20  # micro-batches per intermediate evaluation (the final one uses all)
+    save_interval: int = 200  # steps between resumable training-state saves
+    log_interval: int = 10
+    num_workers: int = 2
+    seed: int = 1337
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+
+@dataclass
+class ExportConfig:
+    opset: int = 18
+    precisions: list[str] = field(default_factory=lambda: ["fp32", "fp16", "int8", "int8-wo"])
+    parity_prompts: int = 4  # held-out prompts run through ONNX Runtime after each export
+    parity_tokens: int = 8  # greedy tokens compared in the post-export parity check
+
+
+@dataclass
+class Config:
+    preset: str = "gpt2"
+    run: str = ""  # run folder name under artifacts/; "" = the preset's name
+    model_source: str = ""  # "" = random init from [model]; else a hub id or a local HF folder
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+
+    @property
+    def run_name(self) -> str:
+        return self.run or self.preset
+
+    def section(self, name: str) -> dict[str, Any]:
+        return dataclasses.asdict(getattr(self, name))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # The 124M GPT-2 shape, trained the way nanoGPT trains it.
+    "gpt2": {},
+    # A few layers with GPT-2's real vocabulary: the whole pipeline in minutes on 2 CPU cores.
+    "tiny": {
+        "model": {"n_layer": 2, "n_head": 4, "n_embd": 128, "n_positions": 256},
+        "data": {"block_size": 128, "calib_samples": 16, "calib_block_size": 64},
+        "train": {"steps": 150, "batch_size": 16, "grad_accum": 1, "lr": 2e-3, "warmup_steps": 15,
+                  "eval_interval": 50, "eval_batches": 8, "save_interval": 50, "log_interval": 5,
+                  "num_workers": 1},
+    },
+}
+
+CHOICES = {
+    ("train", "schedule"): ("cosine", "linear", "constant"),
+    ("train", "precision"): ("auto", "fp32", "bf16", "fp16"),
+}
+EXPORT_PRECISIONS = ("fp32", "fp16", "int8", "int8-wo")
+
+
+def _merge_into(obj: Any, values: dict[str, Any], where: str) -> None:
+    """Set dataclass fields from a (nested) dict, converting and type-checking each value."""
+    hints = get_type_hints(type(obj))
+    for key, value in values.items():
+        if key not in hints:
+            known = ", ".join(hints)
+            raise UserError(f"{where}: unknown key '{key}' (known: {known})")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise UserError(f"{where}.{key}: expected a table of settings, got {value!r}")
+            _merge_into(current, value, f"{where}.{key}")
+        else:
+            setattr(obj, key, _coerce(value, hints[key], f"{where}.{key}"))
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Accept TOML values and `--set` strings alike."""
+    origin = get_origin(hint)
+    try:
+        if origin is list:
+            (item,) = get_args(hint)
+            if isinstance(value, str):
+                value = [v for v in value.split(",") if v]
+            return [_coerce(v, item, where) for v in value]
+        if hint is bool:
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if hint is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        return hint(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: {value!r} is not a valid {getattr(hint, '__name__', hint)}") from None
+
+
+def _parse_override(text: str) -> tuple[list[str], str]:
+    if "=" not in text:
+        raise UserError(f"--set {text!r}: expected SECTION.KEY=VALUE, e.g. --set train.lr=3e-4")
+    key, value = text.split("=", 1)
+    return key.strip().split("."), value.strip()
+
+
+def load_config(preset: str = "tiny", file: Path | None = None, overrides: list[str] | None = None,
+                **top_level: Any) -> Config:
+    """Preset, then TOML file, then `--set` overrides, then explicit top-level keyword values."""
+    if preset not in PRESETS:
+        raise UserError(f"--preset {preset!r} is unknown; choose one of: {', '.join(PRESETS)}")
+    cfg = Config(preset=preset)
+    _merge_into(cfg, PRESETS[preset], f"preset {preset}")
+    if file is not None:
+        if not file.is_file():
+            raise UserError(f"--config {file}: no such file")
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"--config {file}: not valid TOML ({e})") from None
+        data.pop("preset", None)  # the preset is chosen before the file is applied
+        _merge_into(cfg, data, str(file))
+    for text in overrides or []:
+        path, value = _parse_override(text)
+        nested: dict[str, Any] = {path[-1]: value}
+        for part in reversed(path[:-1]):
+            nested = {part: nested}
+        _merge_into(cfg, nested, f"--set {text}")
+    _merge_into(cfg, {k: v for k, v in top_level.items() if v is not None}, "option")
+    validate_config(cfg)
+    return cfg
+
+
+def validate_config(cfg: Config) -> None:
+    """Reject values that would fail later, or silently train nonsense, with the option to fix."""
+    m, d, t, e = cfg.model, cfg.data, cfg.train, cfg.export
+    checks = [
+        (m.n_layer >= 1, "model.n_layer must be at least 1"),
+        (m.n_head >= 1 and m.n_embd % m.n_head == 0,
+         f"model.n_embd ({m.n_embd}) must be a positive multiple of model.n_head ({m.n_head})"),
+        (m.vocab_size >= GPT2_VOCAB_SIZE,
+         f"model.vocab_size ({m.vocab_size}) must cover the GPT-2 tokenizer's {GPT2_VOCAB_SIZE} tokens"),
+        (0.0 <= m.dropout < 1.0, "model.dropout must be in [0, 1)"),
+        (1 < d.block_size <= m.n_positions,
+         f"data.block_size ({d.block_size}) must be in (1, model.n_positions={m.n_positions}]"),
+        (1 < d.calib_block_size <= m.n_positions,
+         f"data.calib_block_size ({d.calib_block_size}) must be in (1, model.n_positions={m.n_positions}]"),
+        (d.heldout_every >= 2, "data.heldout_every must be at least 2"),
+        (d.calib_samples >= 1, "data.calib_samples must be at least 1"),
+        (t.steps >= 1, "train.steps must be at least 1"),
+        (t.batch_size >= 1, "train.batch_size must be at least 1"),
+        (t.grad_accum >= 1, "train.grad_accum must be at least 1"),
+        (t.lr > 0, f"train.lr must be positive, got {t.lr}"),
+        (0.0 <= t.min_lr_ratio <= 1.0, "train.min_lr_ratio must be in [0, 1]"),
+        (0 <= t.warmup_steps <= t.steps, f"train.warmup_steps must be in [0, train.steps={t.steps}]"),
+        (t.weight_decay >= 0, "train.weight_decay must not be negative"),
+        (t.grad_clip >= 0, "train.grad_clip must not be negative (0 disables it)"),
+        (t.eval_interval >= 1 and t.save_interval >= 1 and t.log_interval >= 1,
+         "train.eval_interval, save_interval and log_interval must be at least 1"),
+        (t.eval_batches >= 1, "train.eval_batches must be at least 1"),
+        (t.num_workers >= 0, "train.num_workers must not be negative"),
+        (t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
+         f"train.device {t.device!r}: use auto, cpu, cuda or cuda:N"),
+        (e.opset >= 18, "export.opset must be 18 or newer (the dynamo exporter's minimum)"),
+        (bool(e.precisions) and all(p in EXPORT_PRECISIONS for p in e.precisions),
+         f"export.precisions {e.precisions}: choose from {', '.join(EXPORT_PRECISIONS)}"),
+        (e.parity_prompts >= 1 and e.parity_tokens >= 1, "export.parity_prompts and parity_tokens must be at least 1"),
+    ]
+    for (section, key), allowed in CHOICES.items():
+        value = getattr(getattr(cfg, section), key)
+        checks.append((value in allowed, f"{section}.{key} {value!r}: choose one of {', '.join(allowed)}"))
+    for ok, message in checks:
+        if not ok:
+            raise UserError(message)

@@ -1,0 +1,76 @@
+"""`gpt2-deploy doctor`: what is installed, and which stages and backends it makes usable."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from dataclasses import dataclass
+
+
+@dataclass
+class Finding:
+    component: str
+    status: str  # "ok" | "missing" | "unusable"
+    detail: str
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _import(module: str):
+    try:
+        return importlib.import_module(module), ""
+    except Exception as e:  # a broken install raises anything from ImportError to OSError
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def check_torch() -> list[Finding]:
+    torch, err = _import("torch")
+    if torch is None:
+        return [Finding("torch", "missing", err)]
+    found = [Finding("torch", "ok", f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})")]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(i)
+            found.append(Finding(f"gpu {i}", "ok", f"{torch.cuda.get_device_name(i)}, compute capability {major}.{minor}"))
+    else:
+        found.append(Finding("gpu", "missing", "no CUDA device visible to torch: GPU backends and benchmarks are skipped"))
+    return found
+
+
+def check_onnxruntime() -> list[Finding]:
+    ort, err = _import("onnxruntime")
+    if ort is None:
+        return [Finding("onnxruntime", "missing", err or "pip install 'gpt2-deploy[cpu]' (or [gpu])")]
+    providers = ort.get_available_providers()
+    dist = "onnxruntime-gpu" if _version("onnxruntime-gpu") else "onnxruntime"
+    return [Finding(dist, "ok", f"{ort.__version__}; providers: {', '.join(providers)}")]
+
+
+def check_tensorrt() -> list[Finding]:
+    from pipeline.engines.flavours import FLAVOURS, probe
+    return [Finding(f.name, *probe(f)) for f in FLAVOURS]
+
+
+def check_simple(component: str, module: str, dist: str, hint: str) -> Finding:
+    mod, err = _import(module)
+    if mod is None:
+        return Finding(component, "missing", f"{err}; {hint}")
+    return Finding(component, "ok", _version(dist) or getattr(mod, "__version__", "?"))
+
+
+def run_checks() -> list[Finding]:
+    findings = check_torch()
+    findings.append(check_simple("transformers", "transformers", "transformers", "pip install transformers"))
+    findings.append(check_simple("onnx", "onnx", "onnx", "pip install onnx"))
+    findings += check_onnxruntime()
+    findings.append(check_simple("modelopt", "modelopt.onnx.quantization", "nvidia-modelopt",
+                                 "fp16/int8 export needs it: pip install 'gpt2-deploy[quant]'"))
+    findings.append(check_simple("polygraphy", "polygraphy", "polygraphy", "pip install 'gpt2-deploy[quant]'"))
+    findings += check_tensorrt()
+    findings.append(check_simple("fastapi", "fastapi", "fastapi", "serving needs it: pip install 'gpt2-deploy[serve]'"))
+    return findings

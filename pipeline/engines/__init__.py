@@ -1,0 +1,1 @@
+"""TensorRT engines: one builder and one loader for the `tensorrt` and `tensorrt_rtx` flavours."""

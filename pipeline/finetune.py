@@ -1,0 +1,202 @@
+"""The finetune stage: packed blocks in, a Hugging Face checkpoint and reports/finetune.json out.
+
+Resumable: the training state (weights, optimizer, scheduler, scaler, RNG, step and data position)
+is saved every `train.save_interval` steps and when SIGINT/SIGTERM arrives; `--resume` continues
+exactly where it stopped, so a resumed run ends with the same weights as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from pipeline.artifacts import RunDir, atomic_dir, atomic_write_json, fingerprint
+from pipeline.config import Config
+from pipeline.data import PackedBlocks, ResumableSampler, prepare_data
+from pipeline.errors import Interrupted, UserError
+from pipeline.model import load_gpt2, new_model, resolve_device, shape_of
+from pipeline.progress import console, progress_task
+from pipeline.tokenizer import embedded_gpt2_tokenizer
+from pipeline.training import Stepper, flops_per_token, peak_flops, peak_memory_bytes
+
+STATE_FILE = "state.pt"
+FINAL_EVAL_BATCHES = 200
+
+
+def stage_fingerprint(cfg: Config, data_hashes: dict[str, str]) -> str:
+    return fingerprint(cfg.model_source, cfg.section("model"), cfg.section("train"), cfg.data.block_size, data_hashes)
+
+
+@contextlib.contextmanager
+def _stop_requests():
+    """Turn SIGINT/SIGTERM into a flag the loop checks between steps, so state is saved whole."""
+    requested: list[int] = []
+    handler = lambda signum, frame: requested.append(signum)  # noqa: E731
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield requested
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _rng_state() -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _loader(dataset: PackedBlocks, cfg: Config, device: torch.device, start: int):
+    t = cfg.train
+    # its own generator: worker seeding must not draw from the global RNG that dropout uses,
+    # or a resumed run would diverge from an uninterrupted one
+    loader = DataLoader(dataset, batch_size=t.batch_size, sampler=ResumableSampler(len(dataset), t.seed, start),
+                        num_workers=t.num_workers, pin_memory=device.type == "cuda",
+                        persistent_workers=t.num_workers > 0, generator=torch.Generator().manual_seed(t.seed))
+    return iter(loader)
+
+
+def _eval_batches(dataset: PackedBlocks, batch_size: int, limit: int):
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
+    return itertools.islice(loader, limit)
+
+
+def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False,
+             on_step: Callable[[int], None] | None = None) -> dict:
+    """Run (or resume) fine-tuning; returns the report. `on_step(step)` is called after each step."""
+    run.ensure_writable()
+    tokenizer = embedded_gpt2_tokenizer()
+    splits = prepare_data(cfg, run, tokenizer, force=force)
+    stage_fp = stage_fingerprint(cfg, run.artifact_hashes("data"))
+    state_path = run.train_state / STATE_FILE
+    if not force and not resume and run.is_fresh("finetune", stage_fp):
+        console.print(f"finetune: {run.checkpoint} is up to date (nothing to do; --force retrains)")
+        return _load_report(run)
+    state = _load_state(state_path, stage_fp) if resume else None
+    if state is None and state_path.exists() and not force:
+        raise UserError(f"{state_path}: an interrupted fine-tune is here; pass --resume to continue it or --force to start over")
+
+    device = resolve_device(cfg.train.device)
+    t = cfg.train
+    if cfg.model_source:
+        model = load_gpt2(cfg.model_source)
+        cfg.model = shape_of(model.config)
+    else:
+        model = new_model(cfg.model, t.seed)
+    if cfg.data.block_size > model.config.n_positions:
+        raise UserError(f"data.block_size {cfg.data.block_size} exceeds the model's n_positions {model.config.n_positions}")
+    model.to(device)
+    stepper = Stepper(model, t, device)
+    step, samples, history, evals = 0, 0, [], []
+    torch.manual_seed(t.seed)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        stepper.load_state_dict(state["stepper"])
+        step, samples, history, evals = state["step"], state["samples"], state["history"], state["evals"]
+        _set_rng_state(state["rng"])
+        console.print(f"finetune: resuming at step {step}/{t.steps}")
+
+    train_set = PackedBlocks(splits.train, cfg.data.block_size)
+    heldout_set = PackedBlocks(splits.heldout, cfg.data.block_size)
+    batches = _loader(train_set, cfg, device, samples)
+    tokens_per_step = t.batch_size * t.grad_accum * cfg.data.block_size
+    n_params = sum(p.numel() for p in model.parameters())
+    peak, device_name = peak_flops(device)
+    if step == 0:
+        evals.append({"step": 0, "heldout_loss": stepper.evaluate(_eval_batches(heldout_set, t.batch_size, t.eval_batches))})
+
+    def save_state() -> None:
+        with atomic_dir(run.train_state) as tmp:
+            torch.save({"fingerprint": stage_fp, "model": model.state_dict(), "stepper": stepper.state_dict(),
+                        "step": step, "samples": samples, "history": history, "evals": evals, "rng": _rng_state()},
+                       tmp / STATE_FILE)
+
+    timed_tokens, timed_seconds = 0, 0.0
+    with _stop_requests() as stop, progress_task("finetune", t.steps) as bar:
+        bar.advance(step)
+        while step < t.steps:
+            if stop:
+                save_state()
+                raise Interrupted(f"finetune: stopped at step {step}/{t.steps}; state saved in {run.train_state}, "
+                                  "continue with --resume")
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            loss = stepper.step(batches)
+            elapsed = time.perf_counter() - started
+            step, samples = step + 1, samples + t.batch_size * t.grad_accum
+            if step > 1:  # the first step pays for compilation and allocator warm-up
+                timed_tokens, timed_seconds = timed_tokens + tokens_per_step, timed_seconds + elapsed
+            tok_s = tokens_per_step / elapsed
+            if step % t.log_interval == 0 or step == t.steps:
+                history.append({"step": step, "loss": round(loss, 5), "lr": stepper.scheduler.get_last_lr()[0],
+                                "tokens_per_s": round(tok_s, 1)})
+            if step % t.eval_interval == 0 and step < t.steps:
+                evals.append({"step": step, "heldout_loss": stepper.evaluate(_eval_batches(heldout_set, t.batch_size, t.eval_batches))})
+            if step % t.save_interval == 0 and step < t.steps:
+                save_state()
+            bar.advance(1, status=f"loss {loss:.3f}  {tok_s:,.0f} tok/s")
+            if on_step is not None:
+                on_step(step)
+
+    final_loss = stepper.evaluate(_eval_batches(heldout_set, t.batch_size, FINAL_EVAL_BATCHES))
+    evals.append({"step": step, "heldout_loss": final_loss, "final": True})
+    tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None
+    report = {
+        "device": device_name, "precision": str(stepper.dtype or torch.float32).replace("torch.", ""),
+        "checkpointing": t.checkpointing, "compile": t.compile, "steps": step, "tokens_per_step": tokens_per_step,
+        "parameters": n_params, "tokens_per_s": tokens_per_s,
+        "peak_memory_bytes": peak_memory_bytes(device),
+        "peak_memory_kind": "cuda max_memory_allocated" if device.type == "cuda" else "process max RSS",
+        "mfu": tokens_per_s * flops_per_token(cfg.model, n_params, cfg.data.block_size) / peak if peak and tokens_per_s else None,
+        "mfu_formula": "tokens/s * (6N + 12*L*C*T) / dense bf16 peak of the device (PaLM appendix B)",
+        "heldout_loss_start": evals[0]["heldout_loss"], "heldout_loss_final": final_loss,
+        "heldout_perplexity_final": float(torch.tensor(final_loss).exp()),
+        "train_loss": history, "heldout_loss": evals,
+    }
+    _write_checkpoint(model, tokenizer, run.checkpoint)
+    atomic_write_json(run.reports / "finetune.json", report)
+    run.record("finetune", [run.checkpoint, run.reports / "finetune.json"], stage_fp, cfg.to_dict())
+    if run.train_state.exists():
+        import shutil
+        shutil.rmtree(run.train_state)
+    console.print(f"finetune: held-out loss {report['heldout_loss_start']:.3f} -> {final_loss:.3f} "
+                  f"(perplexity {report['heldout_perplexity_final']:.1f}); checkpoint in {run.checkpoint}")
+    return report
+
+
+def _write_checkpoint(model, tokenizer, folder: Path) -> None:
+    with atomic_dir(folder) as tmp:
+        model.save_pretrained(tmp)  # safetensors; the tied embedding / LM head is stored once
+        tokenizer.save_pretrained(tmp)
+
+
+def _load_state(path: Path, stage_fp: str) -> dict:
+    if not path.exists():
+        raise UserError(f"--resume: no interrupted fine-tune in {path.parent}; run without --resume")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a truncated or foreign file surfaces as many exception types
+        raise UserError(f"{path}: unreadable training state ({type(e).__name__}); rerun with --force") from None
+    if state.get("fingerprint") != stage_fp:
+        raise UserError(f"{path}: saved with another config or corpus; rerun with the same settings, or --force to start over")
+    return state
+
+
+def _load_report(run: RunDir) -> dict:
+    import json
+    return json.loads((run.reports / "finetune.json").read_text(encoding="utf-8"))

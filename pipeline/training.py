@@ -1,0 +1,154 @@
+"""Training mechanics shared by `finetune`, `train-bench` and `profile`: mixed precision, the
+optimizer and its schedule, one optimizer step over accumulated micro-batches, and MFU."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from transformers import GPT2LMHeadModel
+
+from pipeline.config import ModelConfig, TrainConfig
+from pipeline.errors import UserError
+
+# Dense bf16 tensor-core peak from the vendor's data sheets, in TFLOP/s: the MFU denominator.
+PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "A10": 125.0, "L4": 121.0,
+                    "RTX 4090": 165.2, "RTX 3090": 71.0}
+
+
+def amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype, or None for plain fp32."""
+    if precision == "auto":
+        bf16_ok = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16_ok else None
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def build_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not biases, LayerNorm or embeddings' rows twice);
+    the fused kernel where the device has one."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    fused = device.type in ("cuda", "cpu")  # torch >= 2.4 has fused AdamW on both
+    return torch.optim.AdamW(groups, lr=t.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+
+
+def lr_factor(t: TrainConfig) -> Callable[[int], float]:
+    """Linear warm-up, then cosine or linear decay to min_lr_ratio (or constant)."""
+    def factor(step: int) -> float:
+        if step < t.warmup_steps:
+            return (step + 1) / t.warmup_steps
+        if t.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if t.schedule == "cosine" else 1 - progress
+        return t.min_lr_ratio + (1 - t.min_lr_ratio) * shape
+    return factor
+
+
+def lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy; x, y [B, T] (y is x shifted by one, already aligned)."""
+    logits = model(input_ids=x).logits  # [B, T, V]
+    return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+
+def _enable_activation_checkpointing(model: GPT2LMHeadModel) -> None:
+    """Recompute each block's activations in backward; the method was renamed in transformers 5.24."""
+    kwargs = {"use_reentrant": False}  # the non-reentrant variant works with torch.compile and AMP
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+class Stepper:
+    """One optimizer step over `grad_accum` micro-batches, with AMP, clipping and a GradScaler
+    for fp16. Holds everything a resumed run must restore (optimizer, scheduler, scaler)."""
+
+    def __init__(self, model: GPT2LMHeadModel, t: TrainConfig, device: torch.device):
+        self.model, self.t, self.device = model, t, device
+        self.dtype = amp_dtype(t.precision, device)
+        if t.checkpointing:
+            _enable_activation_checkpointing(model)
+        self.loss_fn = torch.compile(lm_loss) if t.compile else lm_loss
+        self.optimizer = build_optimizer(model, t, device)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(t))
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
+
+    def step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """Consume grad_accum micro-batches; return their mean loss."""
+        self.model.train()
+        total = torch.zeros((), device=self.device)
+        try:
+            for _ in range(self.t.grad_accum):
+                x, y = (b.to(self.device, non_blocking=True) for b in next(batches))
+                with autocast(self.device, self.dtype):
+                    loss = self.loss_fn(self.model, x, y) / self.t.grad_accum
+                self.scaler.scale(loss).backward()
+                total += loss.detach()
+            if self.t.grad_clip > 0:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.grad_clip)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
+        except torch.OutOfMemoryError:
+            raise UserError(f"out of memory at train.batch_size={self.t.batch_size}: lower it (and raise "
+                            "train.grad_accum to keep the effective batch), set train.checkpointing=true, "
+                            "or use train.precision=bf16") from None
+        return total.item()
+
+    @torch.no_grad()
+    def evaluate(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        self.model.eval()
+        losses = []
+        for x, y in batches:
+            with autocast(self.device, self.dtype):
+                losses.append(lm_loss(self.model, x.to(self.device), y.to(self.device)).item())
+        return sum(losses) / len(losses)
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+
+
+def flops_per_token(m: ModelConfig, n_params: int, seq: int) -> float:
+    """Training FLOPs per token, PaLM appendix B: 6N for the weight matmuls (forward + backward,
+    N counting the tied LM head once) plus 12·L·C·T for attention scores and values."""
+    return 6 * n_params + 12 * m.n_layer * m.n_embd * seq
+
+
+def peak_flops(device: torch.device) -> tuple[float | None, str]:
+    """The device's dense bf16 peak in FLOP/s and its name, or None where no data sheet applies."""
+    if device.type != "cuda":
+        return None, "cpu"
+    name = torch.cuda.get_device_name(device)
+    for key, tflops in PEAK_BF16_TFLOPS.items():
+        if key in name:
+            return tflops * 1e12, name
+    return None, name
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated device memory on a GPU; the process's peak resident set on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,0 +1,41 @@
+"""Shared fixtures: a small real-English corpus and a micro model config, so each test runs the
+real pipeline code in seconds on a 2-core CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import load_config
+from pipeline.data import embedded_corpus
+
+# A GPT-2 with GPT-2's real vocabulary but one narrow layer: seconds per stage on a CPU.
+MICRO = [
+    "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.n_positions=64",
+    "data.block_size=32", "data.calib_samples=4", "data.calib_block_size=16",
+    "train.steps=8", "train.batch_size=4", "train.warmup_steps=2", "train.eval_interval=4",
+    "train.eval_batches=2", "train.save_interval=4", "train.log_interval=1", "train.num_workers=0",
+    "train.device=cpu",
+]
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory) -> Path:
+    """About 200 KB of the embedded corpus (stdlib docstrings), as a user's text file."""
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    docs, size = [], 0
+    for doc in embedded_corpus():
+        docs.append(doc)
+        size += len(doc)
+        if size > 200_000:
+            break
+    path.write_text("\n\n".join(docs), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def micro_config(corpus_file):
+    def make(*extra: str):
+        return load_config("tiny", overrides=MICRO + [f"data.source={corpus_file}", *extra])
+    return make

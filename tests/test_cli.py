@@ -1,0 +1,54 @@
+"""The CLI as a user meets it: one-line errors with a non-zero exit, and working commands."""
+
+import json
+
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+
+runner = CliRunner()
+
+
+def test_unknown_preset_is_one_line_and_exit_1():
+    result = runner.invoke(app, ["finetune", "--preset", "huge"])
+    assert result.exit_code == 1
+    assert "error: --preset 'huge' is unknown" in result.output and "Traceback" not in result.output
+
+
+def test_bad_override_names_the_key():
+    result = runner.invoke(app, ["finetune", "--set", "train.lr=-3"])
+    assert result.exit_code == 1 and "train.lr must be positive" in result.output
+
+
+def test_missing_data_file(tmp_path):
+    result = runner.invoke(app, ["finetune", "--data", str(tmp_path / "none.txt"), "--artifacts", str(tmp_path)])
+    assert result.exit_code == 1 and "no such file or folder" in result.output
+
+
+def test_finetune_then_nothing_to_do(tmp_path, corpus_file):
+    from tests.conftest import MICRO
+
+    args = ["finetune", "--artifacts", str(tmp_path), "--run", "r", "--data", str(corpus_file)]
+    for s in MICRO:
+        args += ["--set", s]
+    assert runner.invoke(app, args).exit_code == 0
+    assert (tmp_path / "r" / "checkpoint" / "model.safetensors").exists()
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "up to date" in again.output
+
+
+def test_doctor_reports_components():
+    result = runner.invoke(app, ["doctor", "--json"])
+    assert result.exit_code == 0
+    names = {f["component"] for f in json.loads(result.output)}
+    assert {"torch", "onnx", "tensorrt", "tensorrt_rtx", "modelopt"} <= names
+
+
+def test_train_bench_needs_a_gpu_and_says_so():
+    import torch
+
+    result = runner.invoke(app, ["train-bench", "--steps", "1"])
+    if torch.cuda.is_available():
+        assert result.exit_code == 0
+    else:
+        assert result.exit_code == 1 and "no CUDA device is visible" in result.output

@@ -1,0 +1,46 @@
+import pytest
+
+from pipeline.config import PRESETS, load_config
+from pipeline.errors import UserError
+
+
+def test_presets_have_expected_shapes():
+    assert (load_config("gpt2").model.n_layer, load_config("gpt2").model.n_embd) == (12, 768)
+    tiny = load_config("tiny")
+    assert tiny.model.n_layer < 12 and tiny.data.block_size <= tiny.model.n_positions
+    assert set(PRESETS) >= {"tiny", "gpt2"}
+
+
+def test_toml_file_then_overrides(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('[train]\nlr = 1e-4\nsteps = 7\n[export]\nprecisions = ["fp32", "int8"]\n')
+    cfg = load_config("tiny", f, ["train.steps=9", "train.warmup_steps=3", "train.checkpointing=true"])
+    assert cfg.train.lr == 1e-4 and cfg.train.steps == 9 and cfg.train.checkpointing is True
+    assert cfg.export.precisions == ["fp32", "int8"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=-1", "train.lr must be positive"),
+    ("data.block_size=4096", "data.block_size (4096) must be in (1, model.n_positions=256]"),
+    ("train.precision=fp8", "train.precision 'fp8': choose one of"),
+    ("train.nope=1", "unknown key 'nope'"),
+    ("train.steps=many", "'many' is not a valid int"),
+    ("model.n_head=3", "multiple of model.n_head"),
+    ("export.precisions=fp32,int4", "export.precisions"),
+    ("train", "expected SECTION.KEY=VALUE"),
+])
+def test_invalid_values_are_rejected_with_the_key(override, message):
+    with pytest.raises(UserError, match=None) as e:
+        load_config("tiny", overrides=[override])
+    assert message in str(e.value)
+
+
+def test_unknown_preset_and_missing_or_bad_file(tmp_path):
+    with pytest.raises(UserError, match="--preset 'huge' is unknown"):
+        load_config("huge")
+    with pytest.raises(UserError, match="no such file"):
+        load_config("tiny", tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train\nlr=")
+    with pytest.raises(UserError, match="not valid TOML"):
+        load_config("tiny", bad)

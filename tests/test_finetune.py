@@ -1,0 +1,99 @@
+import json
+import os
+import signal
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import GPT2LMHeadModel
+
+from pipeline.artifacts import RunDir
+from pipeline.errors import Interrupted, UserError
+from pipeline.finetune import finetune
+
+
+def test_finetune_learns_and_writes_a_loadable_checkpoint(micro_config, tmp_path):
+    cfg = micro_config("train.steps=30", "train.lr=3e-3", "train.eval_interval=10")
+    run = RunDir(tmp_path / "run")
+    report = finetune(cfg, run)
+    assert report["heldout_loss_final"] < report["heldout_loss_start"] - 1.0
+    model = GPT2LMHeadModel.from_pretrained(run.checkpoint)
+    assert model.config.n_layer == 1 and (run.checkpoint / "tokenizer.json").exists()
+    # tied embedding and LM head are stored once
+    assert [k for k in load_file(run.checkpoint / "model.safetensors") if "wte" in k or "lm_head" in k] == ["transformer.wte.weight"]
+    saved = json.loads((run.reports / "finetune.json").read_text())
+    assert saved["tokens_per_s"] > 0 and saved["peak_memory_bytes"] > 0 and "6N" in saved["mfu_formula"]
+    assert [e["step"] for e in saved["heldout_loss"]] == [0, 10, 20, 30]
+    assert not run.train_state.exists()
+    manifest = json.loads(run.manifest_path.read_text())
+    assert "checkpoint/model.safetensors" in manifest["artifacts"] and "finetune" in manifest["stages"]
+
+
+def test_unchanged_inputs_mean_nothing_to_do(micro_config, tmp_path):
+    run = RunDir(tmp_path / "run")
+    finetune(micro_config(), run)
+    stamp = (run.checkpoint / "model.safetensors").stat().st_mtime_ns
+    finetune(micro_config(), run)
+    assert (run.checkpoint / "model.safetensors").stat().st_mtime_ns == stamp
+    finetune(micro_config("train.lr=1e-3"), run)  # a changed config retrains
+    assert (run.checkpoint / "model.safetensors").stat().st_mtime_ns != stamp
+
+
+def test_resumed_run_matches_an_uninterrupted_one(micro_config, tmp_path):
+    """SIGINT mid-run saves state; --resume ends with bit-identical weights (dropout on, so the
+    RNG state is part of what must be restored)."""
+    settings = ("model.dropout=0.1", "train.grad_accum=2", "train.save_interval=100")
+    straight = RunDir(tmp_path / "straight")
+    finetune(micro_config(*settings), straight)
+
+    resumed = RunDir(tmp_path / "resumed")
+    interrupt = lambda step: step == 3 and os.kill(os.getpid(), signal.SIGINT)  # noqa: E731
+    with pytest.raises(Interrupted, match="stopped at step 3/8"):
+        finetune(micro_config(*settings), resumed, on_step=interrupt)
+    assert (resumed.train_state / "state.pt").exists() and not resumed.checkpoint.exists()
+    with pytest.raises(UserError, match="pass --resume"):
+        finetune(micro_config(*settings), resumed)
+    finetune(micro_config(*settings), resumed, resume=True)
+
+    a = load_file(straight.checkpoint / "model.safetensors")
+    b = load_file(resumed.checkpoint / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    history = lambda run: json.loads((run.reports / "finetune.json").read_text())["train_loss"]  # noqa: E731
+    assert [h["loss"] for h in history(straight)] == [h["loss"] for h in history(resumed)]
+
+
+def test_resume_refuses_a_changed_config(micro_config, tmp_path):
+    run = RunDir(tmp_path / "run")
+    with pytest.raises(Interrupted):
+        finetune(micro_config(), run, on_step=lambda step: step == 2 and os.kill(os.getpid(), signal.SIGTERM))
+    with pytest.raises(UserError, match="saved with another config"):
+        finetune(micro_config("train.lr=1e-2"), run, resume=True)
+    with pytest.raises(UserError, match="no interrupted fine-tune"):
+        finetune(micro_config(), RunDir(tmp_path / "other"), resume=True)
+
+
+def test_mixed_precision_and_checkpointing_train_on_cpu(micro_config, tmp_path):
+    report = finetune(micro_config("train.precision=bf16", "train.checkpointing=true", "train.grad_accum=2",
+                                   "train.steps=4"), RunDir(tmp_path / "run"))
+    assert report["precision"] == "bfloat16" and report["checkpointing"] is True
+    assert report["heldout_loss_final"] < report["heldout_loss_start"]
+
+
+def test_model_that_is_not_gpt2_is_refused(micro_config, tmp_path):
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "bert", "vocab_size": 30522}')
+    cfg = micro_config()
+    cfg.model_source = str(folder)
+    with pytest.raises(UserError, match="a 'bert' model, but this pipeline takes GPT-2"):
+        finetune(cfg, RunDir(tmp_path / "run"))
+
+
+def test_start_from_a_pretrained_folder(micro_config, tmp_path):
+    first = RunDir(tmp_path / "first")
+    finetune(micro_config(), first)
+    cfg = micro_config("train.steps=2")
+    cfg.model_source = str(first.checkpoint)
+    report = finetune(cfg, RunDir(tmp_path / "second"))
+    assert report["heldout_loss_start"] == pytest.approx(
+        json.loads((first.reports / "finetune.json").read_text())["heldout_loss_final"], rel=0.2)
