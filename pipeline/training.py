@@ -59,7 +59,7 @@ def lr_factor(t: TrainConfig) -> Callable[[int], float]:
 
 def lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy; x, y [B, T] (y is x shifted by one, already aligned)."""
-    logits = model(input_ids=x).logits  # [B, T, V]
+    logits = model(input_ids=x, use_cache=False).logits  # [B, T, V]
     return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
 
