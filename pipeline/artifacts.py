@@ -80,6 +80,9 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary folder
     except OSError as e:
         raise UserError(f"{target.parent}: cannot write here ({e.strerror}); choose a writable --artifacts folder") from None
     try:

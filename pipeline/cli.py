@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from pipeline.artifacts import ARTIFACTS_ROOT, RunDir, atomic_write_json
-from pipeline.config import PRESETS, Config, load_config
+from pipeline.config import PRESETS, Config, load_config, validate_config
 from pipeline.errors import Interrupted, UserError
 from pipeline.progress import console
 
@@ -67,6 +67,21 @@ def finetune(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = No
     if data is not None:
         cfg.data.source = data
     run_finetune(cfg, rundir, resume=resume, force=force)
+
+
+@app.command()
+@user_errors
+def export(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
+           artifacts: Artifacts = ARTIFACTS_ROOT, force: Force = False,
+           precision: Annotated[Optional[list[str]], typer.Option(help="Only these precisions (repeatable): fp32, fp16, int8, int8-wo.")] = None) -> None:
+    """Export the checkpoint to ONNX with a KV cache in fp32, fp16, int8 (Q/DQ) and int8 weight-only."""
+    from pipeline.export.stage import export as run_export
+
+    cfg, rundir = _setup(preset, config, sets, run, artifacts)
+    if precision:
+        cfg.export.precisions = precision
+        validate_config(cfg)
+    run_export(cfg, rundir, force=force)
 
 
 @app.command()

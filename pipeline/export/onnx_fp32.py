@@ -1,0 +1,73 @@
+"""PyTorch -> fp32 ONNX with a KV cache, through torch.onnx's dynamo exporter.
+
+The model sees its cache as a transformers `DynamicCache` built from flat past tensors, so the
+graph's inputs and outputs are plain tensors named by the contract."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import onnx
+import torch
+from transformers import DynamicCache, GPT2LMHeadModel
+
+from pipeline.export.contract import BATCH, PAST, SEQ, TOTAL, Contract
+
+ONNX_PROTOBUF_LIMIT = 2 * 1024**3  # a single .onnx file cannot exceed 2 GB: larger weights go to .onnx.data
+
+
+def cache_keyword(model: GPT2LMHeadModel) -> str:
+    """`cache` from transformers 5.24, `past_key_values` before it."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+class WithKVCache(torch.nn.Module):
+    """input_ids, attention_mask, position_ids, flat past k/v ([B, H, past, D] x 2L) ->
+    logits [B, S, V] and flat present k/v ([B, H, past + S, D] x 2L)."""
+
+    def __init__(self, model: GPT2LMHeadModel):
+        super().__init__()
+        self.model, self.n_layer, self.cache_kw = model, model.config.n_layer, cache_keyword(model)
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        cache = DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(self.n_layer)], config=self.model.config)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, **{self.cache_kw: cache})
+        present = getattr(out, self.cache_kw)
+        return (out.logits, *[t for layer in present.layers for t in (layer.keys, layer.values)])
+
+
+def example_inputs(contract: Contract, batch: int = 2, seq: int = 3, past: int = 4) -> tuple[torch.Tensor, ...]:
+    """Trace-time inputs. Sizes >= 2: torch.export specialises dims of size 0 and 1 (the graph
+    still serves past = 0 and seq = 1)."""
+    ids = torch.randint(0, contract.vocab_size, (batch, seq))
+    mask = torch.ones(batch, past + seq, dtype=torch.long)
+    positions = torch.arange(past, past + seq).expand(batch, seq)
+    kv = [torch.randn(batch, contract.n_head, past, contract.head_dim) for _ in range(2 * contract.n_layer)]
+    return (ids, mask, positions, *kv)
+
+
+def export_fp32(model: GPT2LMHeadModel, path: Path, opset: int) -> None:
+    """Write `path` (and `path`.data when the weights exceed the protobuf limit)."""
+    contract = Contract.from_hf_config(model.config)
+    Dim = torch.export.Dim
+    batch, seq, past = Dim(BATCH, min=1), Dim(SEQ, min=1), Dim(PAST, min=0)
+    total = Dim(TOTAL, min=1)  # = past + seq; Dim arithmetic is refused, so it gets its own symbol
+    shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: total},
+              "position_ids": {0: batch, 1: seq}, "past": tuple({0: batch, 2: past} for _ in range(2 * contract.n_layer))}
+    model = model.float().eval()
+    with torch.no_grad():
+        program = torch.onnx.export(WithKVCache(model), example_inputs(contract), dynamo=True, dynamic_shapes=shapes,
+                                    opset_version=opset, input_names=contract.input_names,
+                                    output_names=contract.output_names, optimize=True)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    program.save(str(path), external_data=weight_bytes > ONNX_PROTOBUF_LIMIT * 0.9)
+
+
+def finish_graph(path: Path) -> onnx.ModelProto:
+    """Run the ONNX checker and shape inference on the saved file (path-based: external data
+    included) and return the model without its weights loaded."""
+    onnx.checker.check_model(str(path), full_check=False)
+    onnx.shape_inference.infer_shapes_path(str(path), str(path))
+    return onnx.load(str(path), load_external_data=False)

@@ -1,0 +1,44 @@
+"""Accuracy metrics of a candidate against a reference, shared by export's parity check and the
+validate stage."""
+
+from __future__ import annotations
+
+import torch
+
+CLEAR_MARGIN = 0.5  # logits; a reference top-1 that leads its runner-up by this much is "clear"
+
+
+def compare_logits(test: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, float]:
+    """test/ref [..., V] fp32; mask [...] selects the positions that count (e.g. not padding).
+
+    rel_error    ||test - ref|| / ||ref|| over all counted logits
+    max_abs      the largest absolute difference
+    top1         share of positions where the argmax agrees
+    top1_clear   the same, only where the reference's top-1 leads its runner-up by CLEAR_MARGIN
+                 (near-ties flip under any rounding and say little about the engine)"""
+    test, ref = test.float(), ref.float()
+    if mask is not None:
+        test, ref = test[mask.bool()], ref[mask.bool()]
+    test, ref = test.reshape(-1, ref.shape[-1]), ref.reshape(-1, ref.shape[-1])
+    diff = test - ref
+    top2 = ref.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > CLEAR_MARGIN
+    agree = test.argmax(-1) == ref.argmax(-1)
+    return {"rel_error": float(diff.norm() / ref.norm()), "max_abs": float(diff.abs().max()),
+            "top1": float(agree.float().mean()),
+            "top1_clear": float(agree[clear].float().mean()) if clear.any() else 1.0,
+            "positions": int(ref.shape[0]), "clear_positions": int(clear.sum())}
+
+
+def greedy_agreement(test: list[list[int]], ref: list[list[int]]) -> dict[str, float]:
+    """Share of identical tokens (position by position) and the mean first-divergence position
+    (the sequence length where none diverges)."""
+    same = total = 0
+    firsts = []
+    for t, r in zip(test, ref):
+        n = max(len(t), len(r))
+        matches = [i < len(t) and i < len(r) and t[i] == r[i] for i in range(n)]
+        same, total = same + sum(matches), total + n
+        firsts.append(next((i for i, ok in enumerate(matches) if not ok), n))
+    return {"identical_tokens": same / total if total else 1.0, "mean_first_divergence": sum(firsts) / len(firsts),
+            "sequences_identical": sum(t == r for t, r in zip(test, ref)) / len(ref)}

@@ -1,0 +1,34 @@
+"""What every execution backend provides to the generation runtime.
+
+A backend runs one forward of the contract graph (prefill or decode) and keeps the KV cache of
+the batch it is working on. The generator owns tokens, masks, positions and sampling; a backend
+owns only how the model is executed. Tensors cross this boundary as torch tensors on the
+backend's device."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+BACKENDS = ("torch", "torch-compiled", "ort", "trt")
+PRECISIONS = ("fp32", "fp16", "int8", "int8-wo")
+
+
+class Backend(Protocol):
+    name: str  # one of BACKENDS
+    precision: str  # one of PRECISIONS
+    device: torch.device
+    n_positions: int  # context limit: prompt + generated tokens
+    vocab_size: int
+
+    def reset(self, batch: int, max_len: int) -> None:
+        """Prepare an empty KV cache for `batch` sequences of at most `max_len` tokens."""
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids/position_ids [B, S], attention_mask [B, past + S] (int64) -> logits [B, S, V] fp32.
+        Appends the S new positions to the cache."""
+
+
+class BackendUnavailable(Exception):
+    """A backend cannot run here (library or device missing); the message says why."""

@@ -1,0 +1,80 @@
+"""Generation over any backend: left-padded batches, prefill, decode steps, sampling, stop
+tokens, and a streaming iterator. Validate, bench and serve all generate through here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.errors import UserError
+from pipeline.runtime.backend import Backend
+from pipeline.runtime.sampling import Sampling, next_tokens
+
+
+@dataclass
+class Batch:
+    """Prompts left-padded to one length. input_ids/attention_mask/position_ids [B, S]."""
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> Batch:
+    """Pad on the left so every row's last prompt token is at the same column; positions count
+    real tokens only (as Hugging Face's generate does), so padding does not shift them."""
+    for i, p in enumerate(prompts):
+        if not p:
+            raise UserError(f"prompt {i} is empty: give at least one token")
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return Batch(ids.to(device), mask.to(device), positions.to(device))
+
+
+class Generator:
+    def __init__(self, backend: Backend, pad_id: int = 50256):
+        self.backend, self.pad_id = backend, pad_id
+
+    def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
+        limit = self.backend.n_positions
+        if prompt_len + max_new_tokens > limit:
+            raise UserError(f"a prompt of {prompt_len} tokens plus max_new_tokens={max_new_tokens} exceeds the model's "
+                            f"context of {limit} tokens; shorten the prompt or lower max_new_tokens")
+
+    def stream(self, prompts: list[list[int]], s: Sampling) -> Iterator[torch.Tensor]:
+        """Yield the next token of every row, [B], once per step. Rows that have stopped yield pad_id."""
+        s.check()
+        batch = left_pad(prompts, self.pad_id, self.backend.device)
+        b, width = batch.input_ids.shape
+        self.check_length(width, s.max_new_tokens)
+        generator = torch.Generator(self.backend.device).manual_seed(s.seed) if s.seed is not None else None
+        self.backend.reset(b, width + s.max_new_tokens)
+        logits = self.backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids)[:, -1]
+        seen, mask, position = batch.input_ids, batch.attention_mask, batch.position_ids[:, -1:]
+        done = torch.zeros(b, dtype=torch.bool, device=self.backend.device)
+        stops = torch.tensor(s.stop_tokens, dtype=torch.long, device=self.backend.device)
+        for step in range(s.max_new_tokens):
+            token = next_tokens(logits, seen, s, generator).masked_fill(done, self.pad_id)
+            yield token
+            done |= torch.isin(token, stops)
+            if step == s.max_new_tokens - 1 or bool(done.all()):
+                return
+            seen = torch.cat([seen, token[:, None]], 1)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            position = position + 1
+            logits = self.backend.forward(token[:, None], mask, position)[:, -1]
+
+    def generate(self, prompts: list[list[int]], s: Sampling) -> list[list[int]]:
+        """New tokens of each prompt, up to and including its first stop token."""
+        steps = [t.cpu() for t in self.stream(prompts, s)]
+        out = []
+        for row in torch.stack(steps, 1).tolist() if steps else [[] for _ in prompts]:
+            cut = next((i + 1 for i, t in enumerate(row) if t in s.stop_tokens), len(row))
+            out.append(row[:cut])
+        return out
