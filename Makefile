@@ -9,14 +9,14 @@ RUN     ?= $(PRESET)
 ART     ?= artifacts
 # The CPU build unless a torch is already there: keep a CUDA torch you installed yourself.
 TORCH   ?= torch==2.13.0
-EXTRAS  ?= cpu,dev
+EXTRAS  ?= cpu,quant,dev
 ARGS    ?=
 
 CLI   := $(VENV)/bin/gpt2-deploy
 STAGE := --preset $(PRESET) --run $(RUN) --artifacts $(ART) $(ARGS)
 
-.PHONY: all install finetune profile train-bench doctor test clean
-all: finetune
+.PHONY: all install finetune export profile train-bench doctor test clean
+all: export
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -28,6 +28,9 @@ $(VENV)/.installed: pyproject.toml
 
 finetune: install
 	$(CLI) finetune $(STAGE)
+
+export: finetune
+	$(CLI) export $(STAGE)
 
 profile: install
 	$(CLI) profile $(STAGE)
