@@ -84,6 +84,128 @@ def export(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None
     run_export(cfg, rundir, force=force)
 
 
+@app.command("build-engine")
+@user_errors
+def build_engine(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
+                 artifacts: Artifacts = ARTIFACTS_ROOT, force: Force = False,
+                 precision: Annotated[Optional[list[str]], typer.Option(help="Only these precisions (repeatable).")] = None,
+                 flavour: Annotated[str, typer.Option(help="auto (tensorrt, then tensorrt_rtx), tensorrt or tensorrt_rtx.")] = "auto",
+                 target: Annotated[Optional[str], typer.Option(help="TensorRT-RTX compute capabilities, e.g. sm86,sm89,sm120.")] = None,
+                 log_level: Annotated[str, typer.Option(help="Builder log level: error, warning, info, verbose.")] = "warning") -> None:
+    """Build TensorRT engines (tensorrt or tensorrt_rtx) from the exported ONNX graphs."""
+    from pipeline.engines.builder import LOG_LEVELS
+    from pipeline.engines.stage import build_engines
+
+    if log_level not in LOG_LEVELS:
+        raise UserError(f"--log-level {log_level!r}: choose one of {', '.join(LOG_LEVELS)}")
+    cfg, rundir = _setup(preset, config, sets, run, artifacts)
+    targets = [t.strip().lower() for t in target.split(",") if t.strip()] if target else None
+    if targets:
+        cfg.engine.targets = targets
+        validate_config(cfg)
+    build_engines(cfg, rundir, precision, flavour, targets, log_level, force)
+
+
+Device = Annotated[str, typer.Option(help="auto (cuda if visible), cpu, cuda or cuda:N.")]
+
+
+def _device(spec: str):
+    from pipeline.model import resolve_device
+    return resolve_device(spec)
+
+
+def _pairs(backend: Optional[list[str]], precision: Optional[list[str]]):
+    from pipeline.runtime.loader import default_matrix
+    return [(b, p) for b, p in default_matrix() if (not backend or b in backend) and (not precision or p in precision)]
+
+
+@app.command("validate")
+@user_errors
+def validate_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
+                 artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
+                 backend: Annotated[Optional[list[str]], typer.Option(help="Only these backends (repeatable).")] = None,
+                 precision: Annotated[Optional[list[str]], typer.Option(help="Only these precisions (repeatable).")] = None,
+                 polygraphy: Annotated[bool, typer.Option(help="Also compare the ONNX graphs with Polygraphy.")] = False) -> None:
+    """Compare every backend and precision with PyTorch fp32; exit 1 when one exceeds its budget."""
+    from pipeline.validate import failed, validate
+
+    cfg, rundir = _setup(preset, config, sets, run, artifacts)
+    result = validate(cfg, rundir, _device(device), _pairs(backend, precision), polygraphy)
+    console.print(validate_table(result))
+    for r in result["rows"] + result.get("polygraphy", []):
+        why = "; ".join(r.get("failures", [])) or r.get("reason") or (r.get("detail") if r["status"] != "pass" else "")
+        if why:
+            console.print(f"  {r.get('backend', 'polygraphy')} {r['precision']} {r['status']}: {why}", highlight=False)
+    bad = failed(result)
+    if bad:
+        raise UserError(f"validate: {len(bad)} row(s) exceed their accuracy budget (see the table; "
+                        f"{rundir.reports / 'validate.json'})")
+
+
+def validate_table(result: dict) -> Table:
+    table = Table(title=f"validate vs torch fp32 on {result['device']} (reference perplexity "
+                        f"{result['reference']['perplexity']:.2f})")
+    for col in ("backend", "precision", "status", "rel err", "max abs", "top-1", "top-1 clear", "greedy same",
+                "first diverge", "ppl change"):
+        table.add_column(col, justify="left" if col in ("backend", "precision", "status") else "right")
+    colour = {"pass": "green", "fail": "red", "skipped": "yellow"}
+    for r in result["rows"]:
+        m = r["metrics"]
+        cells = [f"{m['rel_error']:.2e}", f"{m['max_abs']:.3g}", f"{m['top1']:.3f}", f"{m['top1_clear']:.3f}",
+                 f"{m['identical_tokens']:.3f}", f"{m['mean_first_divergence']:.1f}",
+                 f"{100 * m['perplexity_change']:+.2f}%"] if m else [""] * 7
+        table.add_row(r["backend"], r["precision"], f"[{colour[r['status']]}]{r['status']}[/]", *cells)
+    for p in result.get("polygraphy", []):
+        table.add_row("polygraphy", p["precision"], f"[{colour[p['status']]}]{p['status']}[/]", *[""] * 7)
+    return table
+
+
+@app.command()
+@user_errors
+def generate(prompt: Annotated[list[str], typer.Argument(help="One or more prompts (batched together).")],
+             preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
+             artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
+             backend: Annotated[str, typer.Option(help="torch, torch-compiled, ort or trt.")] = "ort",
+             precision: Annotated[str, typer.Option(help="fp32, fp16, int8 or int8-wo.")] = "fp32",
+             max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 32,
+             temperature: Annotated[float, typer.Option(help="Sampling temperature (with --sample).")] = 1.0,
+             top_k: Annotated[int, typer.Option(help="Keep the k most likely tokens (0 = off).")] = 0,
+             top_p: Annotated[float, typer.Option(help="Nucleus sampling mass in (0, 1].")] = 1.0,
+             repetition_penalty: Annotated[float, typer.Option(help="> 1 discourages repeats.")] = 1.0,
+             sample: Annotated[bool, typer.Option(help="Sample instead of greedy decoding.")] = False,
+             seed: Annotated[Optional[int], typer.Option(help="Seed for reproducible sampling.")] = None) -> None:
+    """Generate text from prompts through any backend, streaming the first prompt's tokens."""
+    from pipeline.runtime.backend import BackendUnavailable
+    from pipeline.runtime.generate import Generator
+    from pipeline.runtime.loader import open_backend
+    from pipeline.runtime.sampling import Sampling
+    from pipeline.tokenizer import load_tokenizer
+
+    cfg, rundir = _setup(preset, config, sets, run, artifacts)
+    tokenizer = load_tokenizer(rundir.checkpoint)
+    try:
+        engine = open_backend(rundir, backend, precision, _device(device))
+    except BackendUnavailable as e:
+        raise UserError(f"--backend {backend} --precision {precision}: {e}") from None
+    s = Sampling(max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                 repetition_penalty=repetition_penalty, seed=seed, stop_tokens=(tokenizer.eos_token_id,))
+    prompts = [tokenizer(p)["input_ids"] for p in prompt]
+    rows: list[list[int]] = [[] for _ in prompts]
+    text = lambda row: tokenizer.decode([t for t in row if t != tokenizer.eos_token_id])  # noqa: E731
+    shown = ""
+    print(prompt[0], end="", flush=True)
+    for step in Generator(engine, tokenizer.eos_token_id).stream(prompts, s):
+        for row, token in zip(rows, step.tolist()):
+            row.append(token)
+        # decode the whole row: one token can hold half of a multi-byte character
+        now = text(rows[0])
+        print(now[len(shown):], end="", flush=True)
+        shown = now
+    print()
+    for p, row in zip(prompt[1:], rows[1:]):
+        print(p + text(row))
+
+
 @app.command()
 @user_errors
 def profile(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,

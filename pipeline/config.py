@@ -8,6 +8,7 @@ overrides a preset section by section, and `--set` overrides single keys last.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,21 @@ class ExportConfig:
 
 
 @dataclass
+class EngineConfig:
+    """TensorRT optimisation profile (one profile serves prefill and decode) and build settings."""
+    min_batch: int = 1
+    opt_batch: int = 1
+    max_batch: int = 64
+    opt_seq: int = 1  # decode is the hot path: tune kernels for one new token
+    max_seq: int = 512  # the longest prompt one prefill takes
+    max_len: int = 1024  # past + new tokens; at most model.n_positions
+    opt_len: int = 256
+    targets: list[str] = field(default_factory=list)  # TensorRT-RTX compute capabilities, e.g. sm86,sm89; [] = this GPU, or sm86 without one
+    optimization_level: int = 3  # builder optimisation level 0-5: higher searches longer for faster kernels
+    workspace_gib: float = 4.0
+
+
+@dataclass
 class Budget:
     """How far a precision may drift from PyTorch fp32 before validate (and export's check) fails."""
     max_rel_error: float  # ||logits - ref|| / ||ref||
@@ -101,6 +117,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     validate: ValidateConfig = field(default_factory=ValidateConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     @property
     def run_name(self) -> str:
@@ -120,6 +137,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {
         "model": {"n_layer": 2, "n_head": 4, "n_embd": 128, "n_positions": 256},
         "data": {"block_size": 128, "calib_samples": 16, "calib_block_size": 64},
+        "engine": {"max_batch": 8, "max_seq": 128, "max_len": 256, "opt_len": 64},
         "train": {"steps": 150, "batch_size": 16, "grad_accum": 1, "lr": 2e-3, "warmup_steps": 15,
                   "eval_interval": 50, "eval_batches": 8, "save_interval": 50, "log_interval": 5,
                   "num_workers": 1},
@@ -251,6 +269,18 @@ def validate_config(cfg: Config) -> None:
          "validate.prompts, new_tokens and perplexity_blocks must be at least 1"),
         (1 <= v.prompt_tokens and v.prompt_tokens + v.new_tokens <= m.n_positions,
          f"validate.prompt_tokens + validate.new_tokens must fit in model.n_positions={m.n_positions}"),
+    ]
+    g = cfg.engine
+    checks += [
+        (1 <= g.min_batch <= g.opt_batch <= g.max_batch,
+         f"engine batch profile: need 1 <= min_batch ({g.min_batch}) <= opt_batch ({g.opt_batch}) <= max_batch ({g.max_batch})"),
+        (1 <= g.opt_seq <= g.max_seq <= g.max_len,
+         f"engine seq profile: need 1 <= opt_seq ({g.opt_seq}) <= max_seq ({g.max_seq}) <= max_len ({g.max_len})"),
+        (g.opt_len <= g.max_len <= m.n_positions,
+         f"engine.max_len ({g.max_len}) must be in [opt_len ({g.opt_len}), model.n_positions ({m.n_positions})]"),
+        (0 <= g.optimization_level <= 5, "engine.optimization_level must be in 0..5"),
+        (g.workspace_gib > 0, "engine.workspace_gib must be positive"),
+        (all(re.fullmatch(r"sm\d{2,3}", t) for t in g.targets), f"engine.targets {g.targets}: use names like sm86,sm89,sm120"),
     ]
     for name, b in v.budgets.items():
         checks.append((b.max_rel_error >= 0 and 0 <= b.min_top1_clear <= 1 and 0 <= b.min_greedy_identical <= 1,

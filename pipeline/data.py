@@ -198,11 +198,13 @@ class ResumableSampler(Sampler[int]):
             epoch, offset = epoch + 1, 0
 
 
-def calibration_blocks(splits: Splits, count: int, block_size: int) -> np.ndarray:
-    """[count, block_size] int64 held-out token blocks for export calibration and parity checks."""
+def heldout_blocks(splits: Splits, count: int, block_size: int, option: str, from_end: bool = False) -> np.ndarray:
+    """[count, block_size] int64 held-out token blocks. Export calibrates on blocks from the start
+    of the split; validate measures on blocks from its end, so the two never share text."""
     tokens = splits.tokens("heldout")
     available = tokens.size // block_size
     if available < count:
-        raise UserError(f"data.calib_samples={count}: the held-out split holds only {available} blocks of "
-                        f"{block_size} tokens; lower data.calib_samples or data.calib_block_size, or add text")
-    return np.asarray(tokens[:count * block_size], dtype=np.int64).reshape(count, block_size)
+        raise UserError(f"{option}={count}: the held-out split holds only {available} blocks of {block_size} "
+                        f"tokens; lower {option}, or add text")
+    start = (available - count) * block_size if from_end else 0
+    return np.asarray(tokens[start:start + count * block_size], dtype=np.int64).reshape(count, block_size)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.config import Budget
+
 CLEAR_MARGIN = 0.5  # logits; a reference top-1 that leads its runner-up by this much is "clear"
 
 
@@ -42,3 +44,14 @@ def greedy_agreement(test: list[list[int]], ref: list[list[int]]) -> dict[str, f
         firsts.append(next((i for i, ok in enumerate(matches) if not ok), n))
     return {"identical_tokens": same / total if total else 1.0, "mean_first_divergence": sum(firsts) / len(firsts),
             "sequences_identical": sum(t == r for t, r in zip(test, ref)) / len(ref)}
+
+
+def budget_failures(metrics: dict, budget: Budget) -> list[str]:
+    failures = []
+    if metrics["rel_error"] > budget.max_rel_error:
+        failures.append(f"relative logits error {metrics['rel_error']:.2e} > {budget.max_rel_error:.2e}")
+    if metrics["top1_clear"] < budget.min_top1_clear:
+        failures.append(f"clear top-1 agreement {metrics['top1_clear']:.3f} < {budget.min_top1_clear}")
+    if metrics["identical_tokens"] < budget.min_greedy_identical:
+        failures.append(f"identical greedy tokens {metrics['identical_tokens']:.3f} < {budget.min_greedy_identical}")
+    return failures

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, GPT2Config, GPT2LMHeadModel
+from transformers.utils import logging as hf_logging
 
 from pipeline.config import GPT2_VOCAB_SIZE, ModelConfig
 from pipeline.errors import UserError
@@ -47,6 +48,7 @@ def load_gpt2(source: str | Path, what: str = "--model") -> GPT2LMHeadModel:
                         "models (model_type 'gpt2')")
     if config.vocab_size < GPT2_VOCAB_SIZE:
         raise UserError(f"{what} {source}: vocab_size {config.vocab_size} is smaller than GPT-2's tokenizer")
+    hf_logging.disable_progress_bar()  # a bar per load is noise: checkpoints load in a blink
     try:
         return GPT2LMHeadModel.from_pretrained(source, dtype=torch.float32)
     except (OSError, ValueError, RuntimeError) as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
@@ -10,7 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 T = TypeVar("T")
-console = Console(stderr=True, soft_wrap=True)  # messages stay one line, whatever the width
+# messages stay one line whatever the width; tables get room when output goes to a file or pipe
+console = Console(stderr=True, soft_wrap=True, width=None if sys.stderr.isatty() else 160)
 
 
 def _bar() -> Progress:

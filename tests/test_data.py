@@ -6,7 +6,7 @@ import torch
 
 from pipeline.artifacts import RunDir
 from pipeline.config import load_config
-from pipeline.data import PackedBlocks, ResumableSampler, calibration_blocks, embedded_corpus, prepare_data
+from pipeline.data import PackedBlocks, ResumableSampler, heldout_blocks, embedded_corpus, prepare_data
 from pipeline.errors import UserError
 from pipeline.tokenizer import embedded_gpt2_tokenizer
 
@@ -66,11 +66,14 @@ def test_missing_corpus_names_the_option(tmp_path):
         prepare_data(cfg, RunDir(tmp_path / "run"), embedded_gpt2_tokenizer())
 
 
-def test_calibration_blocks_come_from_heldout(micro_config, tmp_path):
+def test_heldout_blocks_come_from_heldout(micro_config, tmp_path):
     cfg = micro_config()
     splits = prepare_data(cfg, RunDir(tmp_path / "run"), embedded_gpt2_tokenizer())
-    blocks = calibration_blocks(splits, 4, 16)
+    blocks = heldout_blocks(splits, 4, 16, "data.calib_samples")
     assert blocks.shape == (4, 16) and blocks.dtype == np.int64
     assert blocks[0].tolist() == splits.tokens("heldout")[:16].tolist()
+    tail = heldout_blocks(splits, 2, 16, "validate.prompts", from_end=True)
+    held = splits.tokens("heldout")
+    assert tail[-1].tolist() == held[(held.size // 16 - 1) * 16:(held.size // 16) * 16].tolist()
     with pytest.raises(UserError, match="lower data.calib_samples"):
-        calibration_blocks(splits, 10**6, 16)
+        heldout_blocks(splits, 10**6, 16, "data.calib_samples")

@@ -15,14 +15,14 @@ import onnx
 import torch
 
 from pipeline.artifacts import RunDir, atomic_dir, atomic_write_json, fingerprint
-from pipeline.config import Budget, Config
-from pipeline.data import calibration_blocks, prepare_data
+from pipeline.config import Config
+from pipeline.data import heldout_blocks, prepare_data
 from pipeline.errors import UserError
 from pipeline.export.contract import Contract, check_graph
 from pipeline.export.fp16 import convert_fp16
 from pipeline.export.int8 import convert_int8_qdq, convert_int8_weight_only
 from pipeline.export.onnx_fp32 import WithKVCache, export_fp32, finish_graph
-from pipeline.metrics import compare_logits, greedy_agreement
+from pipeline.metrics import budget_failures, compare_logits, greedy_agreement
 from pipeline.model import load_checkpoint
 from pipeline.progress import console, progress
 from pipeline.runtime.generate import Generator, left_pad
@@ -65,17 +65,6 @@ def parity_check(onnx_path: Path, precision: str, model, prompts: list[list[int]
     return {**compare_logits(logits[1], logits[0], batch.attention_mask), **greedy_agreement(tokens[1], tokens[0])}
 
 
-def budget_failures(metrics: dict, budget: Budget) -> list[str]:
-    failures = []
-    if metrics["rel_error"] > budget.max_rel_error:
-        failures.append(f"relative logits error {metrics['rel_error']:.2e} > {budget.max_rel_error:.2e}")
-    if metrics["top1_clear"] < budget.min_top1_clear:
-        failures.append(f"clear top-1 agreement {metrics['top1_clear']:.3f} < {budget.min_top1_clear}")
-    if metrics["identical_tokens"] < budget.min_greedy_identical:
-        failures.append(f"identical greedy tokens {metrics['identical_tokens']:.3f} < {budget.min_greedy_identical}")
-    return failures
-
-
 def _convert(precision: str, fp32_path: Path, out: Path, model, calib: np.ndarray, opset: int) -> None:
     if precision == "fp32":
         export_fp32(model, out, opset)
@@ -101,7 +90,7 @@ def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force:
         raise UserError(f"{run.checkpoint}: not recorded in {run.manifest_path}; rerun `gpt2-deploy finetune`")
     splits = prepare_data(cfg, run, tokenizer)
     d, e = cfg.data, cfg.export
-    blocks = calibration_blocks(splits, d.calib_samples + e.parity_prompts, d.calib_block_size)
+    blocks = heldout_blocks(splits, d.calib_samples + e.parity_prompts, d.calib_block_size, "data.calib_samples")
     calib = blocks[:d.calib_samples]
     # prompts of different lengths, so the parity check covers left padding
     prompts = [row[: max(1, d.calib_block_size // 2 - 3 * i)].tolist() for i, row in enumerate(blocks[d.calib_samples:])]
@@ -132,7 +121,8 @@ def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force:
         report[precision] = {"export_seconds": round(seconds, 2), "bytes": sum(f.stat().st_size for f in files),
                              "files": [f.name for f in files], "opset": e.opset,
                              "ir_version": graph.ir_version, "parity_ort_cpu": parity}
-        run.record(stage, [run.onnx(precision)], stage_fp, {"export": cfg.section("export"), "data": cfg.section("data")})
+        run.record(stage, [run.onnx(precision)], stage_fp, {"export": cfg.section("export"), "data": cfg.section("data")},
+                   {"checkpoint": ckpt_hashes})
         console.print(f"export: onnx/{precision} {report[precision]['bytes'] / 1e6:.1f} MB in {seconds:.1f}s; "
                       f"vs PyTorch: rel error {parity['rel_error']:.2e}, top-1 {parity['top1']:.3f}, "
                       f"greedy identical {parity['identical_tokens']:.3f}")

@@ -1,10 +1,6 @@
-"""ONNX Runtime backend (CPU or CUDA) with IO binding on preallocated buffers.
-
-The contract graph takes `past` and returns `present = past + new` as a separate tensor. Two KV
-buffers of the batch's maximum length are allocated once; each step reads `past` from one and
-writes `present` into the other, then they swap roles. A tensor of shape [B, H, T, D] is laid
-out contiguously from its buffer's start, so no per-step allocation or copy through the host
-happens, on the CPU or the GPU."""
+"""ONNX Runtime backend (CPU or CUDA) with IO binding: inputs, logits and the KV cache are bound
+by address to torch buffers on the device (PingPongKV), so nothing round-trips through the host
+and nothing is allocated per step but the logits."""
 
 from __future__ import annotations
 
@@ -14,6 +10,7 @@ import numpy as np
 import torch
 
 from pipeline.runtime.backend import BackendUnavailable
+from pipeline.runtime.kv_buffers import PingPongKV
 
 NUMPY_OF = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
 TORCH_OF = {np.float32: torch.float32, np.float16: torch.float16, np.int64: torch.int64}
@@ -59,18 +56,13 @@ class OrtBackend:
         self.present_names = [o.name for o in self.session.get_outputs() if o.name.startswith("present.")]
         first = inputs[self.past_names[0]]
         self.kv_np = NUMPY_OF[first.type]
-        self.n_head, self.head_dim = first.shape[1], first.shape[3]
         logits = next(o for o in self.session.get_outputs() if o.name == "logits")
         self.logits_np, self.vocab_size = NUMPY_OF[logits.type], logits.shape[2]
         self.ort_device = ("cuda", self.device.index or 0) if self.device.type == "cuda" else ("cpu", 0)
-        self.buffers: list[torch.Tensor] = []
+        self.kv = PingPongKV(len(self.past_names), first.shape[1], first.shape[3], TORCH_OF[self.kv_np], self.device)
 
     def reset(self, batch: int, max_len: int) -> None:
-        size = batch * self.n_head * max_len * self.head_dim
-        kv_dtype = TORCH_OF[self.kv_np]
-        # [2 (ping, pong), 2L, flat]: each layer's k or v gets max_len positions' worth of room
-        self.buffers = torch.empty(2, len(self.past_names), size, dtype=kv_dtype, device=self.device)
-        self.batch, self.max_len, self.past_len, self.flip = batch, max_len, 0, 0
+        self.kv.reset(batch, max_len)
 
     def _bind(self, binding, name: str, tensor: torch.Tensor, np_type, shape, output: bool = False) -> None:
         bind = binding.bind_output if output else binding.bind_input
@@ -78,21 +70,17 @@ class OrtBackend:
 
     def forward(self, input_ids, attention_mask, position_ids):
         batch, seq = input_ids.shape
-        past, total = self.past_len, self.past_len + seq
-        if batch != self.batch or total > self.max_len:
-            raise ValueError(f"forward of batch {batch} to length {total} on a cache reset for {self.batch} x {self.max_len}")
+        past, present = self.kv.step(batch, seq)
         binding = self.session.io_binding()
         feeds = [t.to(self.device, torch.int64).contiguous() for t in (input_ids, attention_mask, position_ids)]
         for name, tensor in zip(("input_ids", "attention_mask", "position_ids"), feeds):
             self._bind(binding, name, tensor, np.int64, tensor.shape)
-        src, dst = self.buffers[self.flip], self.buffers[1 - self.flip]
-        kv_shape = (batch, self.n_head, past, self.head_dim)
-        for j, name in enumerate(self.past_names):
-            self._bind(binding, name, src[j], self.kv_np, kv_shape)
-        for j, name in enumerate(self.present_names):
-            self._bind(binding, name, dst[j], self.kv_np, (batch, self.n_head, total, self.head_dim), output=True)
+        for name, tensor in zip(self.past_names, past):
+            self._bind(binding, name, tensor, self.kv_np, tensor.shape)
+        for name, tensor in zip(self.present_names, present):
+            self._bind(binding, name, tensor, self.kv_np, tensor.shape, output=True)
         logits = torch.empty(batch, seq, self.vocab_size, dtype=TORCH_OF[self.logits_np], device=self.device)
         self._bind(binding, "logits", logits, self.logits_np, logits.shape, output=True)
         self.session.run_with_iobinding(binding)
-        self.flip, self.past_len = 1 - self.flip, total
+        self.kv.advance()
         return logits.float()

@@ -1,0 +1,50 @@
+"""Open a backend by (name, precision, device) from a run folder, or say why it cannot run here.
+
+This is the one place that knows which backend runs which precision from which artifact;
+validate, bench, generate and serve all open their backends through it."""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.artifacts import RunDir
+from pipeline.model import load_checkpoint
+from pipeline.runtime.backend import BACKENDS, PRECISIONS, Backend, BackendUnavailable
+
+TORCH_PRECISIONS = ("fp32", "fp16")
+
+
+def onnx_path(run: RunDir, precision: str):
+    path = run.onnx(precision) / "model.onnx"
+    if not path.exists():
+        raise BackendUnavailable(f"no onnx/{precision} graph in {run.root}: run `gpt2-deploy export`")
+    return path
+
+
+def open_backend(run: RunDir, name: str, precision: str, device: torch.device, model=None) -> Backend:
+    if name not in BACKENDS or precision not in PRECISIONS:
+        raise BackendUnavailable(f"unknown backend/precision {name}/{precision}")
+    if name in ("torch", "torch-compiled"):
+        if precision not in TORCH_PRECISIONS:
+            raise BackendUnavailable(f"{name} runs fp32/fp16; {precision} runs on ort or trt")
+        if precision == "fp16" and device.type != "cuda":
+            raise BackendUnavailable("fp16 PyTorch runs on a GPU only (no CUDA device here)")
+        model = model if model is not None else load_checkpoint(run.checkpoint)
+        if name == "torch":
+            from pipeline.runtime.torch_eager import TorchEagerBackend
+            return TorchEagerBackend(model, precision, device)
+        from pipeline.runtime.torch_compiled import TorchCompiledBackend
+        return TorchCompiledBackend(model, precision, device)
+    if name == "ort":
+        from pipeline.runtime.ort_backend import OrtBackend
+        n_positions = (model.config if model is not None else load_checkpoint(run.checkpoint).config).n_positions
+        return OrtBackend(onnx_path(run, precision), precision, device, n_positions)
+    from pipeline.runtime.trt_backend import open_trt_backend
+    return open_trt_backend(run, precision, device)
+
+
+def default_matrix() -> list[tuple[str, str]]:
+    """Every (backend, precision) pair this project runs, but the fp32 PyTorch reference itself.
+    Pairs that cannot run on a machine are still listed, so reports say why they were skipped."""
+    pairs = [("torch", "fp16"), ("torch-compiled", "fp32"), ("torch-compiled", "fp16")]
+    return pairs + [("ort", p) for p in PRECISIONS] + [("trt", p) for p in PRECISIONS]

@@ -1,0 +1,63 @@
+"""GPT-2's forward over a static KV cache, written for speed: the weights of a Hugging Face
+checkpoint in a few contiguous tensors, the cache one preallocated buffer written in place, and
+a decode step whose tensor shapes never change, so torch.compile and CUDA graphs can take it.
+
+Cache slots are columns of the (left-padded) batch: slot t holds the keys/values of column t.
+A query at column c attends to the slots t <= c whose attention-mask entry is 1."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import GPT2LMHeadModel
+
+
+class StaticGPT2(torch.nn.Module):
+    def __init__(self, hf: GPT2LMHeadModel, dtype: torch.dtype):
+        super().__init__()
+        c = hf.config
+        self.n_layer, self.n_head, self.n_embd = c.n_layer, c.n_head, c.n_embd
+        self.head_dim, self.eps = c.n_embd // c.n_head, c.layer_norm_epsilon
+        t = hf.transformer
+        as_param = lambda x: torch.nn.Parameter(x.detach().to(dtype).contiguous(), requires_grad=False)  # noqa: E731
+        stack = lambda get: as_param(torch.stack([get(block) for block in t.h]))  # noqa: E731
+        self.wte, self.wpe = as_param(t.wte.weight), as_param(t.wpe.weight)
+        # Conv1D stores [in, out]; F.linear wants [out, in]
+        self.ln1_w, self.ln1_b = stack(lambda b: b.ln_1.weight), stack(lambda b: b.ln_1.bias)
+        self.qkv_w, self.qkv_b = stack(lambda b: b.attn.c_attn.weight.t()), stack(lambda b: b.attn.c_attn.bias)
+        self.proj_w, self.proj_b = stack(lambda b: b.attn.c_proj.weight.t()), stack(lambda b: b.attn.c_proj.bias)
+        self.ln2_w, self.ln2_b = stack(lambda b: b.ln_2.weight), stack(lambda b: b.ln_2.bias)
+        self.fc_w, self.fc_b = stack(lambda b: b.mlp.c_fc.weight.t()), stack(lambda b: b.mlp.c_fc.bias)
+        self.fc2_w, self.fc2_b = stack(lambda b: b.mlp.c_proj.weight.t()), stack(lambda b: b.mlp.c_proj.bias)
+        self.lnf_w, self.lnf_b = as_param(t.ln_f.weight), as_param(t.ln_f.bias)
+
+    def new_cache(self, batch: int, max_len: int) -> torch.Tensor:
+        """[L, 2 (k, v), B, H, T, D], zeroed so unused slots hold finite values."""
+        return torch.zeros(self.n_layer, 2, batch, self.n_head, max_len, self.head_dim,
+                           dtype=self.wte.dtype, device=self.wte.device)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, slot_mask: torch.Tensor,
+                start: torch.Tensor, cache: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """input_ids/position_ids [B, S]; slot_mask [B, T] bool (which cache slots are real tokens);
+        start: scalar int64 tensor, the first slot written; cache as new_cache(). -> logits [B, S or 1, V]"""
+        B, S = input_ids.shape
+        T = cache.shape[4]
+        slots = start + torch.arange(S, device=input_ids.device)  # [S]
+        t = torch.arange(T, device=input_ids.device)
+        # [B, 1, S, T]: causal over slots, real tokens only; a query always sees itself (no empty rows)
+        allowed = ((t[None, :] <= slots[:, None])[None] & slot_mask[:, None, :]) | (t[None, :] == slots[:, None])[None]
+        allowed = allowed[:, None]
+        x = self.wte[input_ids] + self.wpe[position_ids]  # [B, S, C]
+        for i in range(self.n_layer):
+            h = F.layer_norm(x, (self.n_embd,), self.ln1_w[i], self.ln1_b[i], self.eps)
+            q, k, v = F.linear(h, self.qkv_w[i], self.qkv_b[i]).view(B, S, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+            cache[i, 0].index_copy_(2, slots, k)  # [B, H, T, D] <- [B, H, S, D]
+            cache[i, 1].index_copy_(2, slots, v)
+            a = F.scaled_dot_product_attention(q, cache[i, 0], cache[i, 1], attn_mask=allowed)  # [B, H, S, D]
+            x = x + F.linear(a.transpose(1, 2).reshape(B, S, self.n_embd), self.proj_w[i], self.proj_b[i])
+            h = F.layer_norm(x, (self.n_embd,), self.ln2_w[i], self.ln2_b[i], self.eps)
+            x = x + F.linear(F.gelu(F.linear(h, self.fc_w[i], self.fc_b[i]), approximate="tanh"), self.fc2_w[i], self.fc2_b[i])
+        if last_only:
+            x = x[:, -1:]
+        x = F.layer_norm(x, (self.n_embd,), self.lnf_w, self.lnf_b, self.eps)
+        return F.linear(x, self.wte)  # tied LM head

@@ -1,0 +1,90 @@
+"""TensorRT backend: a plan from `build-engine`, checked against its metadata before it is
+deserialised, run with `execute_async_v3` on torch's CUDA stream. Inputs and outputs are bound
+by name to torch buffers; the KV cache is the same ping-pong pair as ONNX Runtime's, allocated
+once per (batch, max length)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pipeline.artifacts import RunDir
+from pipeline.engines.flavours import by_name, import_flavour
+from pipeline.engines.metadata import EngineMeta, check_runnable
+from pipeline.errors import UserError
+from pipeline.runtime.backend import BackendUnavailable
+from pipeline.runtime.kv_buffers import PingPongKV
+
+
+def _torch_dtype(trt, dtype) -> torch.dtype:
+    return {trt.float32: torch.float32, trt.float16: torch.float16, trt.int64: torch.int64}[dtype]
+
+
+def open_trt_backend(run: RunDir, precision: str, device: torch.device) -> "TrtBackend":
+    plans = sorted(run.engines.glob(f"*-{precision}-*.plan"))
+    if not plans:
+        raise BackendUnavailable(f"no {precision} engine in {run.engines}: run `gpt2-deploy build-engine`")
+    if device.type != "cuda":
+        raise BackendUnavailable("TensorRT engines run on a CUDA GPU, and none is visible")
+    reasons = []
+    for plan in plans:
+        meta = EngineMeta.read(plan.with_suffix(".json"))
+        try:
+            trt = import_flavour(by_name(meta.flavour))
+            check_runnable(meta, trt.__version__, torch.cuda.get_device_capability(device), plan)
+        except UserError as e:
+            reasons.append(str(e))
+            continue
+        return TrtBackend(plan, meta, trt, device)
+    raise BackendUnavailable(" / ".join(reasons))
+
+
+class TrtBackend:
+    name = "trt"
+
+    def __init__(self, plan: Path, meta: EngineMeta, trt, device: torch.device):
+        self.precision, self.device, self.trt = meta.precision, device, trt
+        self.logger = trt.Logger(trt.Logger.WARNING)
+        self.runtime = trt.Runtime(self.logger)
+        self.engine = self.runtime.deserialize_cuda_engine(plan.read_bytes())
+        if self.engine is None:
+            raise BackendUnavailable(f"{plan}: {meta.flavour} {meta.trt_version} could not deserialise it (see its log above)")
+        self.context = self.engine.create_execution_context()
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.past_names = [n for n in names if n.startswith("past_key_values.")]
+        self.present_names = [n for n in names if n.startswith("present.")]
+        kv_dtype = _torch_dtype(trt, self.engine.get_tensor_dtype(self.past_names[0]))
+        self.logits_dtype = _torch_dtype(trt, self.engine.get_tensor_dtype("logits"))
+        self.vocab_size = self.engine.get_tensor_shape("logits")[2]
+        lo, _, hi = meta.profile[self.past_names[0]]
+        self.max_batch, self.n_positions = hi[0], meta.profile["attention_mask"][2][1]
+        self.kv = PingPongKV(len(self.past_names), hi[1], hi[3], kv_dtype, device)
+
+    def reset(self, batch: int, max_len: int) -> None:
+        if batch > self.max_batch or max_len > self.n_positions:
+            raise UserError(f"batch {batch} x length {max_len} is outside the engine's profile "
+                            f"(batch <= {self.max_batch}, length <= {self.n_positions}); rebuild with a larger [engine] profile")
+        self.kv.reset(batch, max_len)
+
+    def _bind(self, name: str, tensor: torch.Tensor, is_input: bool) -> None:
+        if is_input:
+            self.context.set_input_shape(name, tuple(tensor.shape))
+        self.context.set_tensor_address(name, tensor.data_ptr())
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        batch, seq = input_ids.shape
+        past, present = self.kv.step(batch, seq)
+        feeds = [t.to(self.device, torch.int64).contiguous() for t in (input_ids, attention_mask, position_ids)]
+        for name, tensor in zip(("input_ids", "attention_mask", "position_ids"), feeds):
+            self._bind(name, tensor, True)
+        for name, tensor in zip(self.past_names, past):
+            self._bind(name, tensor, True)
+        for name, tensor in zip(self.present_names, present):
+            self._bind(name, tensor, False)
+        logits = torch.empty(batch, seq, self.vocab_size, dtype=self.logits_dtype, device=self.device)
+        self._bind("logits", logits, False)
+        if not self.context.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
+            raise RuntimeError("TensorRT execute_async_v3 failed (see its log above)")
+        self.kv.advance()
+        return logits.float()
