@@ -9,14 +9,14 @@ RUN     ?= $(PRESET)
 ART     ?= artifacts
 # The CPU build unless a torch is already there: keep a CUDA torch you installed yourself.
 TORCH   ?= torch==2.13.0
-EXTRAS  ?= cpu,quant,dev
+EXTRAS  ?= cpu,quant,trt-rtx,dev
 ARGS    ?=
 
 CLI   := $(VENV)/bin/gpt2-deploy
 STAGE := --preset $(PRESET) --run $(RUN) --artifacts $(ART) $(ARGS)
 
-.PHONY: all install finetune export profile train-bench doctor test clean
-all: export
+.PHONY: all install finetune export build-engine validate profile train-bench doctor test clean
+all: validate
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -31,6 +31,12 @@ finetune: install
 
 export: finetune
 	$(CLI) export $(STAGE)
+
+build-engine: export
+	$(CLI) build-engine $(STAGE)
+
+validate: export
+	$(CLI) validate $(STAGE)
 
 profile: install
 	$(CLI) profile $(STAGE)

@@ -47,6 +47,7 @@ def greedy_agreement(test: list[list[int]], ref: list[list[int]]) -> dict[str, f
 
 
 def budget_failures(metrics: dict, budget: Budget) -> list[str]:
+    """Every way the metrics exceed the budget (perplexity only where it was measured)."""
     failures = []
     if metrics["rel_error"] > budget.max_rel_error:
         failures.append(f"relative logits error {metrics['rel_error']:.2e} > {budget.max_rel_error:.2e}")
@@ -54,4 +55,7 @@ def budget_failures(metrics: dict, budget: Budget) -> list[str]:
         failures.append(f"clear top-1 agreement {metrics['top1_clear']:.3f} < {budget.min_top1_clear}")
     if metrics["identical_tokens"] < budget.min_greedy_identical:
         failures.append(f"identical greedy tokens {metrics['identical_tokens']:.3f} < {budget.min_greedy_identical}")
+    if "perplexity_change" in metrics and abs(metrics["perplexity_change"]) > budget.max_perplexity_change:
+        failures.append(f"perplexity change {100 * metrics['perplexity_change']:+.2f}% beyond "
+                        f"±{100 * budget.max_perplexity_change:.2f}%")
     return failures

@@ -16,7 +16,8 @@ MICRO = [
     "data.block_size=32", "data.calib_samples=4", "data.calib_block_size=16",
     "train.steps=8", "train.batch_size=4", "train.warmup_steps=2", "train.eval_interval=4",
     "train.eval_batches=2", "train.save_interval=4", "train.log_interval=1", "train.num_workers=0",
-    "train.device=cpu",
+    "train.device=cpu", "engine.max_batch=4", "engine.max_seq=32", "engine.max_len=64", "engine.opt_len=32",
+    "validate.prompts=4", "validate.prompt_tokens=16", "validate.new_tokens=16", "validate.perplexity_blocks=4",
 ]
 
 
@@ -39,3 +40,29 @@ def micro_config(corpus_file):
     def make(*extra: str):
         return load_config("tiny", overrides=MICRO + [f"data.source={corpus_file}", *extra])
     return make
+
+
+@pytest.fixture(scope="session")
+def exported_run(tmp_path_factory, corpus_file):
+    """A micro model fine-tuned for 20 steps on real text, exported in every precision.
+    Shared by the export, validate and engine tests: copy it (copy_run) before changing it."""
+    pytest.importorskip("modelopt.onnx.quantization", reason="fp16/int8 export needs the [quant] extra")
+    from pipeline.artifacts import RunDir
+    from pipeline.export.stage import export
+    from pipeline.finetune import finetune
+
+    cfg = load_config("tiny", overrides=MICRO + [f"data.source={corpus_file}", "model.n_positions=256", "train.steps=20",
+                                                 "train.lr=3e-3"])
+    run = RunDir(tmp_path_factory.mktemp("exported") / "run")
+    finetune(cfg, run)
+    report = export(cfg, run)
+    return cfg, run, report
+
+
+def copy_run(run, dest: Path):
+    """An independent copy of a run folder, for tests that break or rewrite its artifacts."""
+    import shutil
+
+    from pipeline.artifacts import RunDir
+    shutil.copytree(run.root, dest)
+    return RunDir(dest)

@@ -2,6 +2,7 @@
 parity with PyTorch on ONNX Runtime, and what a failed export leaves behind (nothing)."""
 
 import json
+import shutil
 
 import onnx
 import pytest
@@ -11,28 +12,18 @@ from pipeline.artifacts import RunDir
 from pipeline.errors import UserError
 from pipeline.export.contract import Contract, check_graph
 from pipeline.export.stage import export
-from pipeline.finetune import finetune
 from pipeline.metrics import compare_logits
 from pipeline.model import load_checkpoint
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.ort_backend import OrtBackend
 from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.torch_eager import TorchEagerBackend
+from tests.conftest import copy_run
 
-pytest.importorskip("modelopt.onnx.quantization", reason="fp16/int8 export needs the [quant] extra")
 
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory, corpus_file):
-    from pipeline.config import load_config
-    from tests.conftest import MICRO
-
-    cfg = load_config("tiny", overrides=MICRO + [f"data.source={corpus_file}", "model.n_positions=256", "train.steps=20",
-                                                 "train.lr=3e-3"])
-    run = RunDir(tmp_path_factory.mktemp("export") / "run")
-    finetune(cfg, run)
-    report = export(cfg, run)
-    return cfg, run, report
+@pytest.fixture
+def exported(exported_run):
+    return exported_run
 
 
 def test_every_variant_is_written_checked_and_recorded(exported):
@@ -102,16 +93,13 @@ def test_unchanged_export_is_a_no_op(exported):
 
 def test_a_variant_over_budget_leaves_nothing_behind(exported, tmp_path):
     cfg, run, _ = exported
-    strict = RunDir(tmp_path / "strict")
-    strict.root.mkdir()
-    import shutil
-    for name in ("checkpoint", "data"):
-        shutil.copytree(run.root / name, strict.root / name)
-    shutil.copy(run.manifest_path, strict.manifest_path)
+    strict = copy_run(run, tmp_path / "strict")
+    shutil.rmtree(strict.onnx("int8"))
+    strict.forget("export-int8")
     cfg.validate.budgets["int8"].max_rel_error = 1e-9
     try:
         with pytest.raises(UserError, match="export int8: the graph disagrees with PyTorch .*nothing was written"):
-            export(cfg, strict, precisions=["int8"])
+            export(cfg, strict, precisions=["int8"], force=True)
     finally:
         cfg.validate.budgets["int8"].max_rel_error = 0.1
     assert (strict.onnx("fp32") / "model.onnx").exists() and not strict.onnx("int8").exists()

@@ -58,7 +58,7 @@ def export_fp32(model: GPT2LMHeadModel, path: Path, opset: int) -> None:
               "position_ids": {0: batch, 1: seq}, "past": tuple({0: batch, 2: past} for _ in range(2 * contract.n_layer))}
     model = model.float().eval()
     with torch.no_grad():
-        program = torch.onnx.export(WithKVCache(model), example_inputs(contract), dynamo=True, dynamic_shapes=shapes,
+        program = torch.onnx.export(WithKVCache(model).eval(), example_inputs(contract), dynamo=True, dynamic_shapes=shapes,
                                     opset_version=opset, input_names=contract.input_names,
                                     output_names=contract.output_names, optimize=True)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -66,8 +66,14 @@ def export_fp32(model: GPT2LMHeadModel, path: Path, opset: int) -> None:
 
 
 def finish_graph(path: Path) -> onnx.ModelProto:
-    """Run the ONNX checker and shape inference on the saved file (path-based: external data
-    included) and return the model without its weights loaded."""
+    """Drop converters' shape annotations, then run the ONNX checker and shape inference on the
+    saved file (path-based: external data included); return the model without its weights.
+
+    AutoCast, for one, annotates unrelated dims with one shared symbol ('unk'); ONNX Runtime then
+    plans to reuse a [B, S, C] buffer for a [B, S, 3C] tensor and fails at run time."""
+    model = onnx.load(str(path), load_external_data=False)
+    del model.graph.value_info[:]
+    onnx.save(model, str(path))
     onnx.checker.check_model(str(path), full_check=False)
     onnx.shape_inference.infer_shapes_path(str(path), str(path))
     return onnx.load(str(path), load_external_data=False)

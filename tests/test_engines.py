@@ -1,0 +1,120 @@
+"""build-engine with TensorRT-RTX, which builds on a machine without a GPU; the loader's refusals.
+Running an engine needs a GPU TensorRT supports: those tests skip here and say so."""
+
+import json
+
+import onnx
+import pytest
+import torch
+from onnx import helper
+
+from pipeline.artifacts import RunDir
+from pipeline.engines.metadata import EngineMeta, check_runnable
+from pipeline.engines.stage import build_engines
+from pipeline.errors import UserError
+from pipeline.runtime.backend import BackendUnavailable
+from pipeline.runtime.trt_backend import open_trt_backend
+from tests.conftest import copy_run
+
+trt = pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is not installed (pip install 'gpt2-deploy[trt-rtx]')")
+PRECISIONS = ["fp32", "fp16", "int8", "int8-wo"]
+
+
+@pytest.fixture(scope="module")
+def engines(exported_run, tmp_path_factory):
+    cfg, run, _ = exported_run
+    run = copy_run(run, tmp_path_factory.mktemp("engines") / "run")
+    metas = build_engines(cfg, run, PRECISIONS, "tensorrt_rtx", ["sm86"])
+    return cfg, run, metas
+
+
+def test_every_precision_builds_with_complete_metadata(engines):
+    _, run, metas = engines
+    assert [m.precision for m in metas] == PRECISIONS
+    for m in metas:
+        plan = run.engines / f"tensorrt_rtx-{m.precision}-sm86.plan"
+        assert plan.stat().st_size == m.plan_bytes > 0
+        meta = EngineMeta.read(plan.with_suffix(".json"))
+        assert meta.flavour == "tensorrt_rtx" and meta.trt_version == trt.__version__ and meta.targets == ["sm86"]
+        assert meta.profile["past_key_values.0.key"][0][2] == 0  # prefill: empty past is in the profile
+        assert meta.profile["input_ids"][2] == [4, 32] and meta.build_seconds > 0 and len(meta.onnx_sha256) == 64
+        assert "unused" in meta.timing_cache
+    manifest = json.loads(run.manifest_path.read_text())
+    assert "engines/tensorrt_rtx-int8-sm86.plan" in manifest["artifacts"]
+
+
+def test_unchanged_onnx_is_a_no_op(engines):
+    cfg, run, _ = engines
+    plan = run.engines / "tensorrt_rtx-fp16-sm86.plan"
+    stamp = plan.stat().st_mtime_ns
+    build_engines(cfg, run, ["fp16"], "tensorrt_rtx", ["sm86"])
+    assert plan.stat().st_mtime_ns == stamp
+
+
+def test_several_targets_in_one_plan(engines):
+    cfg, run, _ = engines
+    (meta,) = build_engines(cfg, run, ["int8-wo"], "tensorrt_rtx", ["sm89", "sm120"])
+    assert meta.targets == ["sm89", "sm120"] and (run.engines / "tensorrt_rtx-int8-wo-sm89_sm120.plan").exists()
+
+
+def test_bad_inputs_are_refused(engines, tmp_path):
+    cfg, run, _ = engines
+    with pytest.raises(UserError, match="--target sm70: this TensorRT-RTX knows"):
+        build_engines(cfg, run, ["fp32"], "tensorrt_rtx", ["sm70"])
+    truncated = copy_run(run, tmp_path / "truncated")
+    path = truncated.onnx("fp16") / "model.onnx"
+    path.write_bytes(path.read_bytes()[:5000])
+    with pytest.raises(UserError, match="not a readable ONNX file"):
+        build_engines(cfg, truncated, ["fp16"], "tensorrt_rtx", ["sm86"])
+    foreign = copy_run(run, tmp_path / "foreign")
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    onnx.save(helper.make_model(graph), foreign.onnx("fp32") / "model.onnx")
+    with pytest.raises(UserError, match="not a graph of this pipeline's contract .*missing input_ids"):
+        build_engines(cfg, foreign, ["fp32"], "tensorrt_rtx", ["sm86"])
+    blocked = copy_run(run, tmp_path / "blocked")
+    import shutil
+    shutil.rmtree(blocked.engines)
+    blocked.engines.write_text("a file where the engines folder should be")
+    with pytest.raises(UserError, match="cannot write here"):
+        build_engines(cfg, blocked, ["fp32"], "tensorrt_rtx", ["sm86"], force=True)
+
+
+def test_full_tensorrt_missing_is_one_line_with_the_install_hint(engines):
+    cfg, run, _ = engines
+    try:
+        import tensorrt  # noqa: F401
+        pytest.skip("full TensorRT is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(UserError, match="tensorrt is not installed .*NVIDIA's package index"):
+        build_engines(cfg, run, ["fp32"], "tensorrt")
+
+
+def test_loader_refuses_plans_this_machine_cannot_run(engines):
+    _, run, metas = engines
+    meta, plan = metas[1], run.engines / "tensorrt_rtx-fp16-sm86.plan"
+    with pytest.raises(UserError, match="built by tensorrt_rtx 1.0.0, but .* is installed; rebuild"):
+        check_runnable(EngineMeta(**{**meta.__dict__, "trt_version": "1.0.0"}), meta.trt_version, (8, 6), plan)
+    with pytest.raises(UserError, match=r"TensorRT-RTX does not run on this GPU \(compute capability 9.0"):
+        check_runnable(meta, meta.trt_version, (9, 0), plan)  # an H100/H200
+    with pytest.raises(UserError, match="built for sm86, but this GPU is sm89"):
+        check_runnable(meta, meta.trt_version, (8, 9), plan)
+    check_runnable(meta, meta.trt_version, (8, 6), plan)  # the one it was built for passes
+    if not torch.cuda.is_available():
+        with pytest.raises(BackendUnavailable, match="run on a CUDA GPU"):
+            open_trt_backend(run, "fp16", torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_engine_runs_and_matches_pytorch(engines):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU here: TensorRT engines only run on one")
+    cfg, run, _ = engines
+    from pipeline.validate import validate
+    result = validate(cfg, run, torch.device("cuda"), pairs=[("trt", "fp16")])
+    row = result["rows"][0]
+    if row["status"] == "skipped":
+        pytest.skip(row["reason"])
+    assert row["status"] == "pass", row

@@ -1,0 +1,116 @@
+"""The generation runtime: sampling, the generator's padding/stop/limit rules, and the static-cache
+PyTorch backend against the Hugging Face reference."""
+
+import pytest
+import torch
+
+from pipeline.errors import UserError
+from pipeline.model import new_model
+from pipeline.config import load_config
+from pipeline.runtime.generate import Generator, left_pad
+from pipeline.runtime.kv_buffers import PingPongKV
+from pipeline.runtime.sampling import Sampling, apply_repetition_penalty, filter_top_k_top_p, next_tokens
+from pipeline.runtime.torch_compiled import TorchCompiledBackend
+from pipeline.runtime.torch_eager import TorchEagerBackend
+from pipeline.metrics import compare_logits
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = load_config("tiny", overrides=["model.n_layer=2", "model.n_embd=64", "model.n_head=4", "model.n_positions=64",
+                                         "data.block_size=32", "data.calib_block_size=32", "engine.max_len=64",
+                                         "engine.opt_len=32", "engine.max_seq=32", "validate.prompt_tokens=16"])
+    return new_model(cfg.model, seed=0).eval()
+
+
+PROMPTS = [[464, 2068, 7586, 21831, 18045, 625], [15496, 995], [818, 262, 3726]]
+
+
+def test_top_k_and_top_p_keep_the_right_tokens():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0]])
+    assert torch.isinf(filter_top_k_top_p(logits, 2, 1.0)).tolist() == [[False, False, True, True]]
+    # probabilities ~ [0.64, 0.24, 0.09, 0.03]: top_p 0.7 keeps the two that first reach 0.7
+    assert torch.isinf(filter_top_k_top_p(logits, 0, 0.7)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_top_k_top_p(logits, 0, 0.5)).tolist() == [[False, True, True, True]]
+
+
+def test_repetition_penalty_follows_ctrl():
+    out = apply_repetition_penalty(torch.tensor([[2.0, -2.0, 1.0]]), torch.tensor([[0, 1]]), 2.0)
+    assert out.tolist() == [[1.0, -4.0, 1.0]]
+
+
+def test_seeded_sampling_is_reproducible():
+    logits = torch.randn(4, 100)
+    s = Sampling(do_sample=True, temperature=0.9, top_k=20, top_p=0.9, seed=7)
+    draws = [next_tokens(logits, torch.zeros(4, 1, dtype=torch.long), s, torch.Generator().manual_seed(7)) for _ in range(2)]
+    assert torch.equal(*draws)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(do_sample=True, temperature=0.0), "--temperature 0.0: must be > 0"),
+    (dict(top_p=0.0), "--top-p 0.0: must be in"),
+    (dict(top_p=1.5), "--top-p 1.5"),
+    (dict(max_new_tokens=0), "--max-new-tokens 0"),
+])
+def test_bad_sampling_settings(model, settings, message):
+    with pytest.raises(UserError, match=message):
+        next(Generator(TorchEagerBackend(model)).stream(PROMPTS, Sampling(**settings)))
+
+
+def test_empty_prompt_and_context_limit(model):
+    gen = Generator(TorchEagerBackend(model))
+    with pytest.raises(UserError, match="prompt 1 is empty"):
+        gen.generate([[1, 2], []], Sampling())
+    with pytest.raises(UserError, match="a prompt of 60 tokens plus max_new_tokens=10 exceeds the model's context of 64"):
+        gen.generate([[1] * 60], Sampling(max_new_tokens=10))
+
+
+def test_left_pad_positions_count_real_tokens_only():
+    batch = left_pad([[5, 6, 7], [8]], 0, torch.device("cpu"))
+    assert batch.input_ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert batch.position_ids.tolist() == [[0, 1, 2], [0, 0, 0]]
+
+
+def test_stop_tokens_end_rows_and_streaming_yields_each_step(model):
+    gen = Generator(TorchEagerBackend(model))
+    free = gen.generate(PROMPTS, Sampling(max_new_tokens=8))
+    stop = free[0][2]
+    stopped = gen.generate(PROMPTS, Sampling(max_new_tokens=8, stop_tokens=(stop,)))
+    assert stopped[0] == free[0][:free[0].index(stop) + 1]
+    steps = list(gen.stream(PROMPTS, Sampling(max_new_tokens=5)))
+    assert len(steps) == 5 and all(s.shape == (3,) for s in steps)
+
+
+def test_static_cache_backend_matches_the_reference(model):
+    """Same logits on a left-padded prefill, same greedy tokens over 20 steps."""
+    eager, static = TorchEagerBackend(model), TorchCompiledBackend(model, "fp32", "cpu", compile=False)
+    batch = left_pad(PROMPTS, 0, torch.device("cpu"))
+    logits = []
+    for backend in (eager, static):
+        backend.reset(3, 30)
+        logits.append(backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids))
+    assert compare_logits(logits[1], logits[0], batch.attention_mask)["rel_error"] < 1e-5
+    s = Sampling(max_new_tokens=20)
+    assert Generator(static).generate(PROMPTS, s) == Generator(eager).generate(PROMPTS, s)
+
+
+def test_compiled_decode_step_matches(model):
+    """torch.compile'd decode step (Inductor's CPU code here; plus a CUDA graph on a GPU)."""
+    s = Sampling(max_new_tokens=6)
+    compiled = TorchCompiledBackend(model, "fp32", "cpu", compile=True)
+    assert Generator(compiled).generate(PROMPTS, s) == Generator(TorchEagerBackend(model)).generate(PROMPTS, s)
+
+
+def test_ping_pong_buffers_swap_and_bound():
+    kv = PingPongKV(2, 3, 4, torch.float32, torch.device("cpu"))
+    kv.reset(2, 10)
+    past, present = kv.step(2, 6)
+    assert past[0].shape == (2, 3, 0, 4) and present[1].shape == (2, 3, 6, 4)
+    first = present[0].data_ptr()
+    kv.advance()
+    past, present = kv.step(2, 1)
+    assert past[0].data_ptr() == first and present[0].shape == (2, 3, 7, 4)
+    kv.advance()
+    with pytest.raises(ValueError, match="to length 11"):
+        kv.step(2, 4)
