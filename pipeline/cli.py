@@ -160,6 +160,52 @@ def validate_table(result: dict) -> Table:
     return table
 
 
+@app.command("bench")
+@user_errors
+def bench_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
+              artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
+              backend: Annotated[Optional[list[str]], typer.Option(help="Only these backends (repeatable).")] = None,
+              precision: Annotated[Optional[list[str]], typer.Option(help="Only these precisions (repeatable).")] = None,
+              batch: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,8,64",
+              prompt_tokens: Annotated[int, typer.Option(min=1, help="Prompt length.")] = 128,
+              new_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per sequence.")] = 128,
+              repeats: Annotated[int, typer.Option(min=1, help="Timed repeats (medians are reported).")] = 3,
+              compare: Annotated[Optional[Path], typer.Option(help="An earlier bench.json: print the change.")] = None) -> None:
+    """Benchmark latency and throughput of every backend x precision x batch through the runtime."""
+    from pipeline.bench import BenchSettings, bench
+    from pipeline.bench_report import compare as compare_runs
+    from pipeline.bench_report import markdown, plot
+    from pipeline.runtime.loader import bench_matrix
+
+    cfg, rundir = _setup(preset, config, sets, run, artifacts)
+    try:
+        batches = sorted({int(b) for b in batch.split(",") if b.strip()})
+    except ValueError:
+        raise UserError(f"--batch {batch!r}: give comma-separated whole numbers, e.g. 1,8,64") from None
+    if not batches or batches[0] < 1:
+        raise UserError(f"--batch {batch!r}: batch sizes must be at least 1")
+    old = None
+    if compare is not None:
+        try:
+            old = json.loads(compare.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserError(f"--compare {compare}: not a readable bench.json ({type(e).__name__})") from None
+    pairs = [(b, p) for b, p in bench_matrix() if (not backend or b in backend) and (not precision or p in precision)]
+    settings = BenchSettings(batches, prompt_tokens, new_tokens, repeats, pairs)
+    result = bench(cfg, rundir, _device(device), settings)
+    atomic_write_json(rundir.reports / "bench.json", result)
+    from pipeline.artifacts import atomic_write_text
+    atomic_write_text(rundir.reports / "bench.md", markdown(result))
+    plot(result, rundir.reports / "bench.png")
+    console.print(markdown(result), highlight=False)
+    console.print(f"bench: {rundir.reports / 'bench.json'}, bench.md, bench.png")
+    if old is not None:
+        for c in compare_runs(result, old):
+            flag = "  [red]REGRESSION[/]" if c["regression"] else ""
+            console.print(f"  {c['backend']} {c['precision']} b{c['batch']}: tokens/s {100 * c['tokens_per_s_change']:+.1f}%, "
+                          f"p50 {100 * c['p50_change']:+.1f}%{flag}")
+
+
 @app.command()
 @user_errors
 def generate(prompt: Annotated[list[str], typer.Argument(help="One or more prompts (batched together).")],

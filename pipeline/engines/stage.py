@@ -44,6 +44,10 @@ def current_gpu() -> tuple[str, tuple[int, int]] | None:
     return None
 
 
+def trt_compute_capabilities():
+    return import_flavour(by_name("tensorrt_rtx")).ComputeCapability
+
+
 def resolve_targets(flavour: Flavour, requested: list[str]) -> tuple[list[str], str]:
     """(targets, gpu name). `tensorrt` builds for the GPU it runs on, so it needs one."""
     gpu = current_gpu()
@@ -56,7 +60,12 @@ def resolve_targets(flavour: Flavour, requested: list[str]) -> tuple[list[str], 
         return [sm(gpu[1])], gpu[0]
     if requested:
         return requested, gpu[0] if gpu else "none"
-    return ([sm(gpu[1])] if gpu else [DEFAULT_RTX_TARGET]), gpu[0] if gpu else "none"
+    here = sm(gpu[1]) if gpu else None
+    if here is None or not hasattr(trt_compute_capabilities(), here.upper()):
+        # no GPU, or one TensorRT-RTX cannot target (an H100/H200): build for the default target
+        console.print(f"build-engine: targeting {DEFAULT_RTX_TARGET} (pass --target to choose)")
+        return [DEFAULT_RTX_TARGET], gpu[0] if gpu else "none"
+    return [here], gpu[0]
 
 
 def plan_name(flavour: Flavour, precision: str, targets: list[str]) -> str:

@@ -48,27 +48,39 @@ class Generator:
                             f"context of {limit} tokens; shorten the prompt or lower max_new_tokens")
 
     def stream(self, prompts: list[list[int]], s: Sampling) -> Iterator[torch.Tensor]:
-        """Yield the next token of every row, [B], once per step. Rows that have stopped yield pad_id."""
+        """Yield the next token of every row, [B], once per step. Rows that have stopped yield pad_id.
+
+        The hot loop stays on the device: the attention mask is preallocated and sliced, and the
+        host waits on the device only where stop tokens require a look at the tokens."""
         s.check()
         batch = left_pad(prompts, self.pad_id, self.backend.device)
         b, width = batch.input_ids.shape
         self.check_length(width, s.max_new_tokens)
-        generator = torch.Generator(self.backend.device).manual_seed(s.seed) if s.seed is not None else None
+        device = self.backend.device
+        generator = torch.Generator(device).manual_seed(s.seed) if s.seed is not None else None
         self.backend.reset(b, width + s.max_new_tokens)
+        mask = torch.ones(b, width + s.max_new_tokens, dtype=torch.long, device=device)
+        mask[:, :width] = batch.attention_mask
+        seen = batch.input_ids if s.repetition_penalty != 1.0 else None  # only the penalty needs history
+        stops = torch.tensor(s.stop_tokens, dtype=torch.long, device=device) if s.stop_tokens else None
+        done = torch.zeros(b, dtype=torch.bool, device=device)
         logits = self.backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids)[:, -1]
-        seen, mask, position = batch.input_ids, batch.attention_mask, batch.position_ids[:, -1:]
-        done = torch.zeros(b, dtype=torch.bool, device=self.backend.device)
-        stops = torch.tensor(s.stop_tokens, dtype=torch.long, device=self.backend.device)
+        position = batch.position_ids[:, -1:]
         for step in range(s.max_new_tokens):
-            token = next_tokens(logits, seen, s, generator).masked_fill(done, self.pad_id)
+            token = next_tokens(logits, seen, s, generator)
+            if stops is not None:
+                token = token.masked_fill(done, self.pad_id)
             yield token
-            done |= torch.isin(token, stops)
-            if step == s.max_new_tokens - 1 or bool(done.all()):
+            if step == s.max_new_tokens - 1:
                 return
-            seen = torch.cat([seen, token[:, None]], 1)
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            if stops is not None:
+                done |= torch.isin(token, stops)
+                if bool(done.all()):
+                    return
+            if seen is not None:
+                seen = torch.cat([seen, token[:, None]], 1)
             position = position + 1
-            logits = self.backend.forward(token[:, None], mask, position)[:, -1]
+            logits = self.backend.forward(token[:, None], mask[:, :width + step + 1], position)[:, -1]
 
     def generate(self, prompts: list[list[int]], s: Sampling) -> list[list[int]]:
         """New tokens of each prompt, up to and including its first stop token."""

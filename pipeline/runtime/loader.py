@@ -48,3 +48,8 @@ def default_matrix() -> list[tuple[str, str]]:
     Pairs that cannot run on a machine are still listed, so reports say why they were skipped."""
     pairs = [("torch", "fp16"), ("torch-compiled", "fp32"), ("torch-compiled", "fp16")]
     return pairs + [("ort", p) for p in PRECISIONS] + [("trt", p) for p in PRECISIONS]
+
+
+def bench_matrix() -> list[tuple[str, str]]:
+    """What bench measures: the eager fp32 reference too, since every speed-up is relative to eager."""
+    return [("torch", "fp32")] + default_matrix()

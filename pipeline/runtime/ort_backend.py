@@ -45,6 +45,8 @@ class OrtBackend:
         if self.device.type == "cuda":
             if "CUDAExecutionProvider" not in ort.get_available_providers():
                 raise BackendUnavailable("onnxruntime has no CUDA provider here: install onnxruntime-gpu ([gpu] extra)")
+            if hasattr(ort, "preload_dlls"):
+                ort.preload_dlls()  # CUDA/cuDNN from the nvidia-* wheels torch brought, rather than the system's
             stream = torch.cuda.current_stream(self.device).cuda_stream
             # ORT works on torch's stream, so torch's writes to bound inputs are ordered before it
             providers = [("CUDAExecutionProvider", {"device_id": self.device.index or 0, "user_compute_stream": str(stream)})]

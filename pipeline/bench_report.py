@@ -1,0 +1,78 @@
+"""The bench stage's reports: a markdown table a person reads, a plot a person looks at, and the
+comparison with an earlier run that makes a slowdown visible as a regression."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REGRESSION = 0.10  # a row 10% slower than before is flagged
+
+
+def _fmt(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def markdown(result: dict) -> str:
+    env, st = result["environment"], result["settings"]
+    where = env.get("gpu", f"CPU ({env.get('cpu_threads')} threads)")
+    lines = [f"# Benchmark: {where}", "",
+             f"prompt {st['prompt_tokens']} tokens, {st['new_tokens']} new tokens, greedy; median of {st['repeats']} "
+             f"repeats; torch {env['packages'].get('torch')}, onnxruntime "
+             f"{env['packages'].get('onnxruntime-gpu') or env['packages'].get('onnxruntime')}", "",
+             "| backend | precision | batch | TTFT ms | decode ms p50 | p90 | p99 | tokens/s | x eager | vs | memory MiB | load s | warm-up s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for r in result["rows"]:
+        if r["status"] != "ok":
+            lines.append(f"| {r['backend']} | {r['precision']} | {r['batch']} | {r['status']}: {r['reason']} |||||||||||")
+            continue
+        lines.append(f"| {r['backend']} | {r['precision']} | {r['batch']} | {_fmt(r['ttft_ms'], '.2f')} | "
+                     f"{_fmt(r['decode_ms_p50'], '.3f')} | {_fmt(r['decode_ms_p90'], '.3f')} | {_fmt(r['decode_ms_p99'], '.3f')} | "
+                     f"{_fmt(r['tokens_per_s'], ',.0f')} | {_fmt(r['speedup_vs_eager'], '.2f')} | {r['baseline']} | "
+                     f"{_fmt(r['peak_memory_mib'], ',.0f')} | {_fmt(r['load_s'], '.1f')} | {_fmt(r['warmup_s'], '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    """Per-token latency and throughput against batch size, one line per backend/precision."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[dict]] = {}
+    for r in result["rows"]:
+        if r["status"] == "ok":
+            series.setdefault(f"{r['backend']} {r['precision']}", []).append(r)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for label, rows in sorted(series.items()):
+        rows.sort(key=lambda r: r["batch"])
+        batches = [r["batch"] for r in rows]
+        left.plot(batches, [r["decode_ms_p50"] for r in rows], marker="o", label=label)
+        right.plot(batches, [r["tokens_per_s"] for r in rows], marker="o", label=label)
+    for ax, title, unit in ((left, "per-token decode latency (p50)", "ms"), (right, "generated tokens/s", "tokens/s")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    right.legend(fontsize=7, loc="best")
+    fig.suptitle(result["environment"].get("gpu", "CPU"))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def compare(new: dict, old: dict) -> list[dict]:
+    """Row-by-row change in tokens/s and p50 latency; `regression` where throughput fell by more than 10%."""
+    key = lambda r: (r["backend"], r["precision"], r["batch"])  # noqa: E731
+    before = {key(r): r for r in old["rows"] if r["status"] == "ok"}
+    changes = []
+    for r in new["rows"]:
+        o = before.get(key(r))
+        if r["status"] != "ok" or o is None:
+            continue
+        throughput = r["tokens_per_s"] / o["tokens_per_s"] - 1
+        changes.append({"backend": r["backend"], "precision": r["precision"], "batch": r["batch"],
+                        "tokens_per_s_change": throughput, "p50_change": r["decode_ms_p50"] / o["decode_ms_p50"] - 1,
+                        "regression": throughput < -REGRESSION})
+    return changes
