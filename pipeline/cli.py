@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from pipeline.artifacts import ARTIFACTS_ROOT, RunDir, atomic_write_json
@@ -42,7 +43,7 @@ def user_errors(fn):
         except UserError as e:
             if _debug["on"]:
                 raise
-            console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+            console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(130 if isinstance(e, Interrupted) else 1) from None
     return wrapper
 
@@ -135,7 +136,7 @@ def validate_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets 
     for r in result["rows"] + result.get("polygraphy", []):
         why = "; ".join(r.get("failures", [])) or r.get("reason") or (r.get("detail") if r["status"] != "pass" else "")
         if why:
-            console.print(f"  {r.get('backend', 'polygraphy')} {r['precision']} {r['status']}: {why}", highlight=False)
+            console.print(f"  {r.get('backend', 'polygraphy')} {r['precision']} {r['status']}: {why}", highlight=False, markup=False)
     bad = failed(result)
     if bad:
         raise UserError(f"validate: {len(bad)} row(s) exceed their accuracy budget (see the table; "
@@ -197,7 +198,7 @@ def bench_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = N
     from pipeline.artifacts import atomic_write_text
     atomic_write_text(rundir.reports / "bench.md", markdown(result))
     plot(result, rundir.reports / "bench.png")
-    console.print(markdown(result), highlight=False)
+    console.print(markdown(result), highlight=False, markup=False)
     console.print(f"bench: {rundir.reports / 'bench.json'}, bench.md, bench.png")
     if old is not None:
         for c in compare_runs(result, old):
@@ -304,7 +305,7 @@ def doctor(as_json: Annotated[bool, typer.Option("--json", help="Machine-readabl
         table.add_column(col)
     colour = {"ok": "green", "missing": "yellow", "unusable": "red"}
     for f in findings:
-        table.add_row(f.component, f"[{colour[f.status]}]{f.status}[/]", f.detail)
+        table.add_row(f.component, f"[{colour[f.status]}]{f.status}[/]", escape(f.detail))
     console.print(table)
 
 

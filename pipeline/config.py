@@ -81,7 +81,7 @@ class EngineConfig:
     opt_len: int = 256
     targets: list[str] = field(default_factory=list)  # TensorRT-RTX compute capabilities, e.g. sm86,sm89; [] = this GPU, or sm86 without one
     optimization_level: int = 3  # builder optimisation level 0-5: higher searches longer for faster kernels
-    workspace_gib: float = 4.0
+    workspace_gib: float = 16.0  # tactic scratch space; 4 GiB made the 124M build run out on an H200
 
 
 @dataclass

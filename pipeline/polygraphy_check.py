@@ -6,6 +6,7 @@ inputs are a real decode step: held-out tokens on top of a KV cache PyTorch comp
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,8 @@ from pipeline.data import Splits, heldout_blocks
 # tight enough that a broken graph fails
 TOLERANCES = {"fp16": (1e-2, 1e-2), "int8": (0.15, 0.1), "int8-wo": (5e-2, 5e-2)}
 SAMPLES = 2
-POLYGRAPHY = Path(sys.executable).with_name("polygraphy")  # the console script installed beside this Python
+# its console script's entry point, so a target-installed polygraphy works without bin/ on PATH
+POLYGRAPHY = [sys.executable, "-c", "import sys; from polygraphy.tools._main import main; sys.exit(main())"]
 
 
 def _save_inputs(path: Path, feeds: dict[str, np.ndarray]) -> None:
@@ -34,7 +36,7 @@ def _save_inputs(path: Path, feeds: dict[str, np.ndarray]) -> None:
 def polygraphy_compare(run: RunDir, model, splits: Splits, cfg: Config) -> list[dict]:
     from pipeline.export.stage import calibration_feeds
 
-    if not POLYGRAPHY.exists():
+    if importlib.util.find_spec("polygraphy") is None:
         return [{"precision": "all", "status": "skipped", "detail": "polygraphy is not installed: pip install 'gpt2-deploy[quant]'"}]
     blocks = heldout_blocks(splits, SAMPLES, cfg.data.calib_block_size, "data.calib_block_size", from_end=True)
     feeds = calibration_feeds(model, blocks)
@@ -60,7 +62,7 @@ def polygraphy_compare(run: RunDir, model, splits: Splits, cfg: Config) -> list[
 
 
 def _polygraphy(model: Path, inputs: Path, extra: list[str]) -> subprocess.CompletedProcess:
-    cmd = [str(POLYGRAPHY), "run", str(model), "--onnxrt", "--load-inputs", str(inputs), *extra]
+    cmd = [*POLYGRAPHY, "run", str(model), "--onnxrt", "--load-inputs", str(inputs), *extra]
     return subprocess.run(cmd, capture_output=True, text=True)
 
 

@@ -49,7 +49,10 @@ class OrtBackend:
                 ort.preload_dlls()  # CUDA/cuDNN from the nvidia-* wheels torch brought, rather than the system's
             stream = torch.cuda.current_stream(self.device).cuda_stream
             # ORT works on torch's stream, so torch's writes to bound inputs are ordered before it
-            providers = [("CUDAExecutionProvider", {"device_id": self.device.index or 0, "user_compute_stream": str(stream)})]
+            options = {"device_id": self.device.index or 0, "user_compute_stream": str(stream),
+                       # an fp32 graph promises fp32 arithmetic: TF32 matmuls moved logits by 4e-5 on an H200
+                       "use_tf32": "0" if precision == "fp32" else "1"}
+            providers = [("CUDAExecutionProvider", options)]
         else:
             providers = ["CPUExecutionProvider"]
         self.session = ort.InferenceSession(str(onnx_path), session_options(precision), providers=providers)

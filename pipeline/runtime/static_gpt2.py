@@ -31,17 +31,20 @@ class StaticGPT2(torch.nn.Module):
         self.fc2_w, self.fc2_b = stack(lambda b: b.mlp.c_proj.weight.t()), stack(lambda b: b.mlp.c_proj.bias)
         self.lnf_w, self.lnf_b = as_param(t.ln_f.weight), as_param(t.ln_f.bias)
 
-    def new_cache(self, batch: int, max_len: int) -> torch.Tensor:
-        """[L, 2 (k, v), B, H, T, D], zeroed so unused slots hold finite values."""
-        return torch.zeros(self.n_layer, 2, batch, self.n_head, max_len, self.head_dim,
-                           dtype=self.wte.dtype, device=self.wte.device)
+    def new_cache(self, batch: int, max_len: int) -> list[torch.Tensor]:
+        """2L tensors [B, H, T, D] (layer i's keys at 2i, values at 2i + 1), zeroed so unused slots
+        hold finite values. Separate tensors, not views of one buffer: torch.compile turns an
+        in-place write into a view of a graph input into a copy of the whole base buffer, which at
+        batch 64 costs more than the step itself."""
+        return [torch.zeros(batch, self.n_head, max_len, self.head_dim, dtype=self.wte.dtype, device=self.wte.device)
+                for _ in range(2 * self.n_layer)]
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, slot_mask: torch.Tensor,
-                start: torch.Tensor, cache: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+                start: torch.Tensor, cache: list[torch.Tensor], last_only: bool = False) -> torch.Tensor:
         """input_ids/position_ids [B, S]; slot_mask [B, T] bool (which cache slots are real tokens);
         start: scalar int64 tensor, the first slot written; cache as new_cache(). -> logits [B, S or 1, V]"""
         B, S = input_ids.shape
-        T = cache.shape[4]
+        T = cache[0].shape[2]
         slots = start + torch.arange(S, device=input_ids.device)  # [S]
         t = torch.arange(T, device=input_ids.device)
         # [B, 1, S, T]: causal over slots, real tokens only; a query always sees itself (no empty rows)
@@ -51,9 +54,10 @@ class StaticGPT2(torch.nn.Module):
         for i in range(self.n_layer):
             h = F.layer_norm(x, (self.n_embd,), self.ln1_w[i], self.ln1_b[i], self.eps)
             q, k, v = F.linear(h, self.qkv_w[i], self.qkv_b[i]).view(B, S, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-            cache[i, 0].index_copy_(2, slots, k)  # [B, H, T, D] <- [B, H, S, D]
-            cache[i, 1].index_copy_(2, slots, v)
-            a = F.scaled_dot_product_attention(q, cache[i, 0], cache[i, 1], attn_mask=allowed)  # [B, H, S, D]
+            keys, values = cache[2 * i], cache[2 * i + 1]
+            keys.index_copy_(2, slots, k)  # [B, H, T, D] <- [B, H, S, D]
+            values.index_copy_(2, slots, v)
+            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)  # [B, H, S, D]
             x = x + F.linear(a.transpose(1, 2).reshape(B, S, self.n_embd), self.proj_w[i], self.proj_b[i])
             h = F.layer_norm(x, (self.n_embd,), self.ln2_w[i], self.ln2_b[i], self.eps)
             x = x + F.linear(F.gelu(F.linear(h, self.fc_w[i], self.fc_b[i]), approximate="tanh"), self.fc2_w[i], self.fc2_b[i])

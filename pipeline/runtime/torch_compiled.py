@@ -20,7 +20,7 @@ WARMUP_RUNS = 3  # before capture: lets compile and the allocator settle on a si
 @dataclass
 class _Slot:
     """Everything that must stay at a fixed address for one (batch, max_len)."""
-    cache: torch.Tensor  # [L, 2, B, H, T, D]
+    cache: list[torch.Tensor]  # 2L x [B, H, T, D]
     slot_mask: torch.Tensor  # [B, T] bool
     token: torch.Tensor  # [B, 1] decode input
     position: torch.Tensor  # [B, 1]
