@@ -43,13 +43,15 @@ def calibration_feeds(model, blocks: np.ndarray) -> dict[str, np.ndarray]:
     contract = Contract.from_hf_config(model.config)
     batch, length = blocks.shape
     past = length // 2
-    empty = torch.zeros(batch, contract.n_head, 0, contract.head_dim)
+    device = next(model.parameters()).device  # wherever the model is: validate may have moved it to a GPU
+    empty = torch.zeros(batch, contract.n_head, 0, contract.head_dim, device=device)
     with torch.no_grad():
-        out = WithKVCache(model)(torch.from_numpy(blocks[:, :past]), torch.ones(batch, past, dtype=torch.long),
-                                 torch.arange(past).expand(batch, past), *[empty] * (2 * contract.n_layer))
+        out = WithKVCache(model)(torch.from_numpy(blocks[:, :past]).to(device),
+                                 torch.ones(batch, past, dtype=torch.long, device=device),
+                                 torch.arange(past, device=device).expand(batch, past), *[empty] * (2 * contract.n_layer))
     feeds = {"input_ids": blocks[:, past:], "attention_mask": np.ones((batch, length), np.int64),
              "position_ids": np.broadcast_to(np.arange(past, length), (batch, length - past)).copy()}
-    feeds.update({name: t.numpy() for name, t in zip(contract.kv_names("past_key_values"), out[1:])})
+    feeds.update({name: t.float().cpu().numpy() for name, t in zip(contract.kv_names("past_key_values"), out[1:])})
     return feeds
 
 
