@@ -1,0 +1,64 @@
+"""bench on the CPU: the three report files, well-formed, every row naming its backend and precision."""
+
+import json
+
+from typer.testing import CliRunner
+
+from pipeline.bench_report import compare
+from pipeline.cli import app
+from tests.conftest import MICRO, copy_run
+
+runner = CliRunner()
+
+
+def _args(run, *extra):
+    args = ["bench", "--artifacts", str(run.root.parent), "--run", run.root.name, "--device", "cpu",
+            "--batch", "1,2", "--prompt-tokens", "8", "--new-tokens", "4", "--repeats", "1", *extra]
+    for s in MICRO:
+        args += ["--set", s]
+    return args
+
+
+def test_bench_writes_json_markdown_and_png(exported_run, tmp_path):
+    cfg, run, _ = exported_run
+    run = copy_run(run, tmp_path / "run")
+    result = runner.invoke(app, _args(run, "--backend", "torch", "--backend", "ort", "--backend", "trt",
+                                      "--precision", "fp32", "--precision", "int8-wo", "--set", f"data.source={cfg.data.source}"))
+    assert result.exit_code == 0, result.output
+    bench = json.loads((run.reports / "bench.json").read_text())
+    rows = bench["rows"]
+    assert {(r["backend"], r["precision"]) for r in rows} >= {("torch", "fp32"), ("ort", "fp32"), ("ort", "int8-wo"),
+                                                              ("trt", "fp32")}
+    assert all(r["backend"] and r["precision"] and r["batch"] in (1, 2) for r in rows)
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert len(ok) == 6  # torch fp32, ort fp32, ort int8-wo at two batch sizes
+    for r in ok:
+        assert r["tokens_per_s"] > 0 and r["ttft_ms"] > 0 and r["decode_ms_p50"] <= r["decode_ms_p99"]
+        assert r["speedup_vs_eager"] > 0 and r["baseline"] == "torch fp32"
+    assert [r["speedup_vs_eager"] for r in ok if r["backend"] == "torch"] == [1.0, 1.0]
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    assert skipped and all(r["reason"] for r in skipped)  # trt (no GPU) and torch int8-wo say why
+    assert bench["environment"]["device"] == "cpu" and "torch" in bench["environment"]["packages"]
+    table = (run.reports / "bench.md").read_text()
+    assert table.count("\n| ") == len(rows) + 1 and "| ort | int8-wo | 2 |" in table
+    assert (run.reports / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    again = runner.invoke(app, _args(run, "--backend", "ort", "--precision", "fp32", "--compare",
+                                     str(run.reports / "bench.json"), "--set", f"data.source={cfg.data.source}"))
+    assert again.exit_code == 0 and "ort fp32 b1: tokens/s" in again.output
+
+
+def test_compare_flags_a_slowdown():
+    row = {"backend": "ort", "precision": "fp16", "batch": 1, "status": "ok", "decode_ms_p50": 1.0}
+    old = {"rows": [{**row, "tokens_per_s": 100.0}]}
+    new = {"rows": [{**row, "tokens_per_s": 80.0, "decode_ms_p50": 1.25}]}
+    (change,) = compare(new, old)
+    assert change["regression"] and round(change["tokens_per_s_change"], 2) == -0.2
+
+
+def test_bad_options_are_one_line(tmp_path):
+    assert "give comma-separated whole numbers" in runner.invoke(app, ["bench", "--batch", "one"]).output
+    bad = tmp_path / "old.json"
+    bad.write_text("not json")
+    result = runner.invoke(app, ["bench", "--compare", str(bad)])
+    assert result.exit_code == 1 and "not a readable bench.json" in result.output
