@@ -15,8 +15,9 @@ ARGS    ?=
 CLI   := $(VENV)/bin/gpt2-deploy
 STAGE := --preset $(PRESET) --run $(RUN) --artifacts $(ART) $(ARGS)
 
-.PHONY: all install finetune export build-engine validate profile train-bench doctor test clean
-all: validate
+.PHONY: all install finetune export build-engine validate bench profile train-bench doctor test clean
+# the main job: every stage on the embedded default, end to end
+all: finetune export build-engine validate bench
 
 install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -37,6 +38,9 @@ build-engine: export
 
 validate: export
 	$(CLI) validate $(STAGE)
+
+bench: export
+	$(CLI) bench $(STAGE)
 
 profile: install
 	$(CLI) profile $(STAGE)

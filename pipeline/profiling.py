@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 from torch.utils.data import DataLoader
 

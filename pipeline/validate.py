@@ -94,7 +94,7 @@ def validate(cfg: Config, run: RunDir, device: torch.device, pairs: list[tuple[s
         if name in ("ort", "trt"):
             check_provenance(run, precision)
         try:
-            backend = open_backend(run, name, precision, device, model=load_checkpoint(run.checkpoint))
+            backend = open_backend(run, name, precision, device)  # a fresh model: torch backends cast theirs
         except BackendUnavailable as e:
             rows.append(Row(name, precision, "skipped", str(e)))
             continue

@@ -52,3 +52,36 @@ def test_train_bench_needs_a_gpu_and_says_so():
         assert result.exit_code == 0
     else:
         assert result.exit_code == 1 and "no CUDA device is visible" in result.output
+
+
+def _stage_args(command, cfg, run, *extra):
+    from tests.conftest import MICRO
+
+    args = [command, *extra, "--artifacts", str(run.root.parent), "--run", run.root.name, "--device", "cpu",
+            "--set", f"data.source={cfg.data.source}", "--set", "model.n_positions=256"]
+    for s in MICRO:
+        args += ["--set", s]
+    return args
+
+
+def test_generate_streams_text_and_names_an_unavailable_backend(exported_run):
+    cfg, run, _ = exported_run
+    result = runner.invoke(app, _stage_args("generate", cfg, run, "Return the", "--backend", "ort", "--precision", "int8",
+                                            "--max-new-tokens", "6"))
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("Return the") and len(result.output.strip()) > len("Return the")
+    result = runner.invoke(app, _stage_args("generate", cfg, run, "Hi", "--backend", "trt", "--precision", "fp16"))
+    assert result.exit_code == 1 and "error: --backend trt --precision fp16:" in result.output
+
+
+def test_validate_exits_non_zero_over_budget(exported_run, tmp_path):
+    from tests.conftest import copy_run
+
+    cfg, run, _ = exported_run
+    run = copy_run(run, tmp_path / "run")
+    ok = runner.invoke(app, _stage_args("validate", cfg, run, "--backend", "ort", "--precision", "int8"))
+    assert ok.exit_code == 0, ok.output
+    strict = runner.invoke(app, _stage_args("validate", cfg, run, "--backend", "ort", "--precision", "int8",
+                                            "--set", "validate.budgets.int8.max_rel_error=1e-12"))
+    assert strict.exit_code == 1 and "exceed their accuracy budget" in strict.output
+    assert "ort int8 fail: relative logits error" in strict.output

@@ -8,7 +8,6 @@ import pytest
 import torch
 from onnx import helper
 
-from pipeline.artifacts import RunDir
 from pipeline.engines.metadata import EngineMeta, check_runnable
 from pipeline.engines.stage import build_engines
 from pipeline.errors import UserError

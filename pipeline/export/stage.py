@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 import torch
 
 from pipeline.artifacts import RunDir, atomic_dir, atomic_write_json, fingerprint
