@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from pipeline.artifacts import RunDir, atomic_write_json, sha256_file
 from pipeline.config import Config
 from pipeline.data import heldout_blocks, prepare_data
+from pipeline.engines.metadata import EngineMeta
 from pipeline.errors import UserError
 from pipeline.metrics import budget_failures, compare_logits, greedy_agreement
 from pipeline.model import load_checkpoint
@@ -62,18 +63,27 @@ def measure(backend: Backend, inputs: Inputs) -> dict:
     return {"logits": logits, "mask": batch.attention_mask.cpu(), "perplexity": math.exp(loss.item()), "tokens": tokens}
 
 
-def check_provenance(run: RunDir, precision: str) -> None:
-    """An ONNX graph must be the one export wrote, from the checkpoint that is there now."""
+def check_provenance(run: RunDir, backend: str, precision: str) -> None:
+    """A graph must be the one export wrote, from the checkpoint that is there now; an engine must
+    have been built from that graph. Missing artifacts are left to the backend to report."""
     manifest = run.manifest()
-    entry = manifest["stages"].get(f"export-{precision}")
     path = run.onnx(precision) / "model.onnx"
-    if entry is None or not path.exists():
-        return  # not exported: the backend reports it as unavailable
+    if not path.exists():
+        return
+    entry = manifest["stages"].get(f"export-{precision}")
+    redo = "; rerun `gpt2-deploy export --force`"
+    if entry is None:
+        raise UserError(f"{path}: not recorded in {run.manifest_path} (an export that did not finish?){redo}")
     if entry.get("checkpoint") != run.artifact_hashes("finetune"):
-        raise UserError(f"{path}: exported from another checkpoint than {run.checkpoint}; rerun `gpt2-deploy export --force`")
+        raise UserError(f"{path}: exported from another checkpoint than {run.checkpoint}{redo}")
     recorded = manifest["artifacts"].get(f"onnx/{precision}/model.onnx", {}).get("sha256")
     if recorded != sha256_file(path):
-        raise UserError(f"{path}: does not match the sha256 in {run.manifest_path}; rerun `gpt2-deploy export --force`")
+        raise UserError(f"{path}: does not match the sha256 in {run.manifest_path}{redo}")
+    if backend == "trt":
+        for meta_path in sorted(run.engines.glob(f"*-{precision}-*.json")):
+            if EngineMeta.read(meta_path).onnx_sha256 != recorded:
+                raise UserError(f"{meta_path.with_suffix('.plan')}: built from another {precision} graph than "
+                                "the one exported now; rerun `gpt2-deploy build-engine --force`")
 
 
 def validate(cfg: Config, run: RunDir, device: torch.device, pairs: list[tuple[str, str]] | None = None,
@@ -92,7 +102,7 @@ def validate(cfg: Config, run: RunDir, device: torch.device, pairs: list[tuple[s
     rows = []
     for name, precision in progress(pairs or default_matrix(), total=len(pairs or default_matrix()), description="validate"):
         if name in ("ort", "trt"):
-            check_provenance(run, precision)
+            check_provenance(run, name, precision)
         try:
             backend = open_backend(run, name, precision, device)  # a fresh model: torch backends cast theirs
         except BackendUnavailable as e:

@@ -117,3 +117,16 @@ def test_engine_runs_and_matches_pytorch(engines):
     if row["status"] == "skipped":
         pytest.skip(row["reason"])
     assert row["status"] == "pass", row
+
+
+def test_validate_refuses_an_engine_built_from_another_graph(engines, tmp_path):
+    from pipeline.validate import validate
+
+    cfg, run, _ = engines
+    stale = copy_run(run, tmp_path / "stale")
+    meta_path = stale.engines / "tensorrt_rtx-fp16-sm86.json"
+    meta = json.loads(meta_path.read_text())
+    meta["onnx_sha256"] = "0" * 64
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="built from another fp16 graph .*build-engine --force"):
+        validate(cfg, stale, torch.device("cpu"), pairs=[("trt", "fp16")])

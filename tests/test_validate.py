@@ -66,3 +66,11 @@ def test_polygraphy_second_opinion(exported_run):
     cfg, run, _ = exported_run
     result = validate(cfg, run, CPU, pairs=[("ort", "fp32")], polygraphy=True)
     assert {p["precision"]: p["status"] for p in result["polygraphy"]} == {"fp16": "pass", "int8": "pass", "int8-wo": "pass"}
+
+
+def test_graph_left_by_an_unfinished_export_is_refused(exported_run, tmp_path):
+    cfg, run, _ = exported_run
+    orphan = copy_run(run, tmp_path / "orphan")
+    orphan.forget("export-fp16")
+    with pytest.raises(UserError, match="not recorded in .*an export that did not finish"):
+        validate(cfg, orphan, CPU, pairs=[("ort", "fp16")])
