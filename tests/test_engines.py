@@ -87,7 +87,7 @@ def test_full_tensorrt_missing_is_one_line_with_the_install_hint(engines):
         pytest.skip("full TensorRT is installed here")
     except ImportError:
         pass
-    with pytest.raises(UserError, match="tensorrt is not installed .*NVIDIA's package index"):
+    with pytest.raises(UserError, match="tensorrt is not installed .*NVIDIA's own package index"):
         build_engines(cfg, run, ["fp32"], "tensorrt")
 
 

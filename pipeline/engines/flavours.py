@@ -21,7 +21,8 @@ class Flavour:
 
 FLAVOURS = (
     Flavour("tensorrt", ("tensorrt",),
-            "install it from NVIDIA's package index: install tensorrt-cu13 from NVIDIA package index"),
+            "install tensorrt-cu13 (or -cu12) from NVIDIA's own package index, as TensorRT's installation guide "
+            "shows, or use a container that ships it"),
     Flavour("tensorrt_rtx", ("tensorrt_rtx", "tensorrt_rtx_bindings"), "pip install 'gpt2-deploy[trt-rtx]'"),
 )
 
