@@ -112,7 +112,7 @@ Device = Annotated[str, typer.Option(help="auto (cuda if visible), cpu, cuda or 
 
 def _device(spec: str):
     from pipeline.model import resolve_device
-    return resolve_device(spec)
+    return resolve_device(spec, "--device")
 
 
 def _pairs(backend: Optional[list[str]], precision: Optional[list[str]]):

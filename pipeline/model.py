@@ -12,12 +12,15 @@ from pipeline.config import GPT2_VOCAB_SIZE, ModelConfig
 from pipeline.errors import UserError
 
 
-def resolve_device(spec: str) -> torch.device:
+def resolve_device(spec: str, option: str = "train.device") -> torch.device:
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(spec)
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise UserError(f"{option} {spec!r}: use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"train.device {spec!r}: no CUDA GPU is visible to torch; use --set train.device=cpu")
+        raise UserError(f"{option} {spec!r}: no CUDA GPU is visible to torch; use cpu (or auto)")
     return device
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from pipeline.artifacts import RunDir, atomic_write_json, sha256_file
 from pipeline.config import Config
 from pipeline.data import heldout_blocks, prepare_data
-from pipeline.engines.metadata import EngineMeta
+from pipeline.engines.metadata import EngineMeta, plans_for
 from pipeline.errors import UserError
 from pipeline.metrics import budget_failures, compare_logits, greedy_agreement
 from pipeline.model import load_checkpoint
@@ -80,10 +80,10 @@ def check_provenance(run: RunDir, backend: str, precision: str) -> None:
     if recorded != sha256_file(path):
         raise UserError(f"{path}: does not match the sha256 in {run.manifest_path}{redo}")
     if backend == "trt":
-        for meta_path in sorted(run.engines.glob(f"*-{precision}-*.json")):
-            if EngineMeta.read(meta_path).onnx_sha256 != recorded:
-                raise UserError(f"{meta_path.with_suffix('.plan')}: built from another {precision} graph than "
-                                "the one exported now; rerun `gpt2-deploy build-engine --force`")
+        for plan in plans_for(run.engines, precision):
+            if EngineMeta.read(plan.with_suffix(".json")).onnx_sha256 != recorded:
+                raise UserError(f"{plan}: built from another {precision} graph than the one exported now; "
+                                "rerun `gpt2-deploy build-engine --force`")
 
 
 def validate(cfg: Config, run: RunDir, device: torch.device, pairs: list[tuple[str, str]] | None = None,

@@ -130,3 +130,11 @@ def test_validate_refuses_an_engine_built_from_another_graph(engines, tmp_path):
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(UserError, match="built from another fp16 graph .*build-engine --force"):
         validate(cfg, stale, torch.device("cpu"), pairs=[("trt", "fp16")])
+
+
+def test_plans_are_found_by_exact_precision(engines):
+    from pipeline.engines.metadata import plans_for
+
+    _, run, _ = engines
+    assert [p.name for p in plans_for(run.engines, "int8")] == ["tensorrt_rtx-int8-sm86.plan"]
+    assert "tensorrt_rtx-int8-wo-sm86.plan" in [p.name for p in plans_for(run.engines, "int8-wo")]

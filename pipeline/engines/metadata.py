@@ -39,6 +39,17 @@ class EngineMeta:
                             "`gpt2-deploy build-engine --force`") from None
 
 
+def plans_for(engines: Path, precision: str) -> list[Path]:
+    """The plans of one precision. Names are <flavour>-<precision>-<targets>; a glob on the
+    precision alone would take int8-wo plans for int8 ones."""
+    found = []
+    for plan in sorted(engines.glob("*.plan")):
+        _, rest = plan.stem.split("-", 1) if "-" in plan.stem else (plan.stem, "")
+        if rest.rsplit("-", 1)[0] == precision:
+            found.append(plan)
+    return found
+
+
 def sm(capability: tuple[int, int]) -> str:
     return f"sm{capability[0]}{capability[1]}"
 

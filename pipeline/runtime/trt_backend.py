@@ -11,7 +11,7 @@ import torch
 
 from pipeline.artifacts import RunDir
 from pipeline.engines.flavours import by_name, import_flavour
-from pipeline.engines.metadata import EngineMeta, check_runnable
+from pipeline.engines.metadata import EngineMeta, check_runnable, plans_for
 from pipeline.errors import UserError
 from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.kv_buffers import PingPongKV
@@ -22,7 +22,7 @@ def _torch_dtype(trt, dtype) -> torch.dtype:
 
 
 def open_trt_backend(run: RunDir, precision: str, device: torch.device) -> "TrtBackend":
-    plans = sorted(run.engines.glob(f"*-{precision}-*.plan"))
+    plans = plans_for(run.engines, precision)
     if not plans:
         raise BackendUnavailable(f"no {precision} engine in {run.engines}: run `gpt2-deploy build-engine`")
     if device.type != "cuda":
