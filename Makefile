@@ -9,7 +9,7 @@ RUN     ?= $(PRESET)
 ART     ?= artifacts
 # The CPU build unless a torch is already there: keep a CUDA torch you installed yourself.
 TORCH   ?= torch==2.13.0
-EXTRAS  ?= cpu,quant,trt-rtx,dev
+EXTRAS  ?= cpu,quant,trt-rtx,serve,dev
 ARGS    ?=
 
 CLI   := $(VENV)/bin/gpt2-deploy

@@ -255,6 +255,27 @@ def generate(prompt: Annotated[list[str], typer.Argument(help="One or more promp
 
 @app.command()
 @user_errors
+def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
+          artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
+          backend: Annotated[str, typer.Option(help="torch, torch-compiled, ort or trt.")] = "ort",
+          precision: Annotated[str, typer.Option(help="fp32, fp16, int8 or int8-wo.")] = "fp32",
+          host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+          port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000) -> None:
+    """Serve generation over HTTP (POST /generate, GET /health) from one backend and precision."""
+    try:
+        import uvicorn
+
+        from serve.app import create_app, load_engine
+    except ImportError as e:
+        raise UserError(f"serving needs the [serve] extra ({e.name} is missing): pip install 'gpt2-deploy[serve]'") from None
+    cfg, rundir = _setup(preset, config, sets, run, artifacts)
+    engine = load_engine(rundir, backend, precision, _device(device))
+    console.print(f"serve: {backend} {precision} from {rundir} on http://{host}:{port}", markup=False)
+    uvicorn.run(create_app(engine), host=host, port=port, log_level="warning")
+
+
+@app.command()
+@user_errors
 def profile(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
             artifacts: Artifacts = ARTIFACTS_ROOT,
             steps: Annotated[int, typer.Option(min=1, help="Training steps to record.")] = 3) -> None:
