@@ -270,7 +270,7 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
         raise UserError(f"serving needs the [serve] extra ({e.name} is missing): pip install 'gpt2-deploy[serve]'") from None
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
     engine = load_engine(rundir, backend, precision, _device(device))
-    console.print(f"serve: {backend} {precision} from {rundir} on http://{host}:{port}", markup=False)
+    console.print(f"serve: {backend} {precision} from {rundir.root} on http://{host}:{port}", markup=False)
     uvicorn.run(create_app(engine), host=host, port=port, log_level="warning")
 
 
