@@ -108,6 +108,8 @@ def build_engine(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets 
 
 
 Device = Annotated[str, typer.Option(help="auto (cuda if visible), cpu, cuda or cuda:N.")]
+BackendName = Annotated[str, typer.Option("--backend", help="torch, torch-compiled, ort or trt.")]
+PrecisionName = Annotated[str, typer.Option("--precision", help="fp32, fp16, int8 or int8-wo.")]
 
 
 def _device(spec: str):
@@ -212,8 +214,7 @@ def bench_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = N
 def generate(prompt: Annotated[list[str], typer.Argument(help="One or more prompts (batched together).")],
              preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
              artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
-             backend: Annotated[str, typer.Option(help="torch, torch-compiled, ort or trt.")] = "ort",
-             precision: Annotated[str, typer.Option(help="fp32, fp16, int8 or int8-wo.")] = "fp32",
+             backend: BackendName = "ort", precision: PrecisionName = "fp32",
              max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 32,
              temperature: Annotated[float, typer.Option(help="Sampling temperature (with --sample).")] = 1.0,
              top_k: Annotated[int, typer.Option(help="Keep the k most likely tokens (0 = off).")] = 0,
@@ -257,8 +258,7 @@ def generate(prompt: Annotated[list[str], typer.Argument(help="One or more promp
 @user_errors
 def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
           artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
-          backend: Annotated[str, typer.Option(help="torch, torch-compiled, ort or trt.")] = "ort",
-          precision: Annotated[str, typer.Option(help="fp32, fp16, int8 or int8-wo.")] = "fp32",
+          backend: BackendName = "ort", precision: PrecisionName = "fp32",
           host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
           port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000) -> None:
     """Serve generation over HTTP (POST /generate, GET /health) from one backend and precision."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -172,7 +174,6 @@ def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False
     atomic_write_json(run.reports / "finetune.json", report)
     run.record("finetune", [run.checkpoint, run.reports / "finetune.json"], stage_fp, cfg.to_dict())
     if run.train_state.exists():
-        import shutil
         shutil.rmtree(run.train_state)
     console.print(f"finetune: held-out loss {report['heldout_loss_start']:.3f} -> {final_loss:.3f} "
                   f"(perplexity {report['heldout_perplexity_final']:.1f}); checkpoint in {run.checkpoint}")
@@ -198,5 +199,4 @@ def _load_state(path: Path, stage_fp: str) -> dict:
 
 
 def _load_report(run: RunDir) -> dict:
-    import json
     return json.loads((run.reports / "finetune.json").read_text(encoding="utf-8"))

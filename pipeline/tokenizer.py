@@ -24,6 +24,8 @@ def embedded_gpt2_tokenizer() -> PreTrainedTokenizerBase:
 
 
 def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
+    if not (Path(folder) / "tokenizer_config.json").exists():
+        raise UserError(f"{folder}: no checkpoint here; `gpt2-deploy finetune` (or `make finetune`) makes it")
     try:
         tok = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as e:

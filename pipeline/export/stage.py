@@ -7,6 +7,7 @@ interrupted export leaves nothing a later stage could mistake for a good graph."
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -135,6 +136,5 @@ def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force:
 
 
 def _load_report(run: RunDir) -> dict:
-    import json
     path = run.reports / "export.json"
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
