@@ -27,6 +27,11 @@ Sets = Annotated[Optional[list[str]], typer.Option("--set", help="Override one k
 RunName = Annotated[Optional[str], typer.Option("--run", help="Run folder name under --artifacts (default: the preset).")]
 Artifacts = Annotated[Path, typer.Option("--artifacts", help="Folder that holds the run folders.")]
 Force = Annotated[bool, typer.Option("--force", help="Redo the stage even if its outputs are up to date.")]
+Device = Annotated[str, typer.Option(help="auto (cuda if visible), cpu, cuda or cuda:N.")]
+BackendName = Annotated[str, typer.Option("--backend", help="torch, torch-compiled, ort or trt.")]
+BackendFilter = Annotated[Optional[list[str]], typer.Option("--backend", help="Only these backends (repeatable).")]
+PrecisionFilter = Annotated[Optional[list[str]], typer.Option("--precision", help="Only these precisions (repeatable).")]
+PrecisionName = Annotated[str, typer.Option("--precision", help="fp32, fp16, int8 or int8-wo.")]
 
 
 @app.callback()
@@ -74,7 +79,7 @@ def finetune(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = No
 @user_errors
 def export(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
            artifacts: Artifacts = ARTIFACTS_ROOT, force: Force = False,
-           precision: Annotated[Optional[list[str]], typer.Option(help="Only these precisions (repeatable): fp32, fp16, int8, int8-wo.")] = None) -> None:
+           precision: PrecisionFilter = None) -> None:
     """Export the checkpoint to ONNX with a KV cache in fp32, fp16, int8 (Q/DQ) and int8 weight-only."""
     from pipeline.export.stage import export as run_export
 
@@ -89,7 +94,7 @@ def export(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None
 @user_errors
 def build_engine(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
                  artifacts: Artifacts = ARTIFACTS_ROOT, force: Force = False,
-                 precision: Annotated[Optional[list[str]], typer.Option(help="Only these precisions (repeatable).")] = None,
+                 precision: PrecisionFilter = None,
                  flavour: Annotated[str, typer.Option(help="auto (tensorrt, then tensorrt_rtx), tensorrt or tensorrt_rtx.")] = "auto",
                  target: Annotated[Optional[str], typer.Option(help="TensorRT-RTX compute capabilities, e.g. sm86,sm89,sm120.")] = None,
                  log_level: Annotated[str, typer.Option(help="Builder log level: error, warning, info, verbose.")] = "warning") -> None:
@@ -107,9 +112,6 @@ def build_engine(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets 
     build_engines(cfg, rundir, precision, flavour, targets, log_level, force)
 
 
-Device = Annotated[str, typer.Option(help="auto (cuda if visible), cpu, cuda or cuda:N.")]
-BackendName = Annotated[str, typer.Option("--backend", help="torch, torch-compiled, ort or trt.")]
-PrecisionName = Annotated[str, typer.Option("--precision", help="fp32, fp16, int8 or int8-wo.")]
 
 
 def _device(spec: str):
@@ -117,23 +119,22 @@ def _device(spec: str):
     return resolve_device(spec, "--device")
 
 
-def _pairs(backend: Optional[list[str]], precision: Optional[list[str]]):
-    from pipeline.runtime.loader import default_matrix
-    return [(b, p) for b, p in default_matrix() if (not backend or b in backend) and (not precision or p in precision)]
+def _pairs(matrix: list[tuple[str, str]], backend: Optional[list[str]], precision: Optional[list[str]]):
+    return [(b, p) for b, p in matrix if (not backend or b in backend) and (not precision or p in precision)]
 
 
 @app.command("validate")
 @user_errors
 def validate_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
                  artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
-                 backend: Annotated[Optional[list[str]], typer.Option(help="Only these backends (repeatable).")] = None,
-                 precision: Annotated[Optional[list[str]], typer.Option(help="Only these precisions (repeatable).")] = None,
+                 backend: BackendFilter = None, precision: PrecisionFilter = None,
                  polygraphy: Annotated[bool, typer.Option(help="Also compare the ONNX graphs with Polygraphy.")] = False) -> None:
     """Compare every backend and precision with PyTorch fp32; exit 1 when one exceeds its budget."""
+    from pipeline.runtime.loader import default_matrix
     from pipeline.validate import failed, validate
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
-    result = validate(cfg, rundir, _device(device), _pairs(backend, precision), polygraphy)
+    result = validate(cfg, rundir, _device(device), _pairs(default_matrix(), backend, precision), polygraphy)
     console.print(validate_table(result))
     for r in result["rows"] + result.get("polygraphy", []):
         why = "; ".join(r.get("failures", [])) or r.get("reason") or (r.get("detail") if r["status"] != "pass" else "")
@@ -167,8 +168,7 @@ def validate_table(result: dict) -> Table:
 @user_errors
 def bench_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
               artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
-              backend: Annotated[Optional[list[str]], typer.Option(help="Only these backends (repeatable).")] = None,
-              precision: Annotated[Optional[list[str]], typer.Option(help="Only these precisions (repeatable).")] = None,
+              backend: BackendFilter = None, precision: PrecisionFilter = None,
               batch: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,8,64",
               prompt_tokens: Annotated[int, typer.Option(min=1, help="Prompt length.")] = 128,
               new_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per sequence.")] = 128,
@@ -193,8 +193,7 @@ def bench_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = N
             old = json.loads(compare.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as e:
             raise UserError(f"--compare {compare}: not a readable bench.json ({type(e).__name__})") from None
-    pairs = [(b, p) for b, p in bench_matrix() if (not backend or b in backend) and (not precision or p in precision)]
-    settings = BenchSettings(batches, prompt_tokens, new_tokens, repeats, pairs)
+    settings = BenchSettings(batches, prompt_tokens, new_tokens, repeats, _pairs(bench_matrix(), backend, precision))
     result = bench(cfg, rundir, _device(device), settings)
     atomic_write_json(rundir.reports / "bench.json", result)
     from pipeline.artifacts import atomic_write_text

@@ -3,9 +3,15 @@ validate stage."""
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 from pipeline.config import Budget
+from pipeline.runtime.backend import Backend
+from pipeline.runtime.generate import Generator, left_pad
+from pipeline.runtime.sampling import Sampling
 
 CLEAR_MARGIN = 0.5  # logits; a reference top-1 that leads its runner-up by this much is "clear"
 
@@ -44,6 +50,32 @@ def greedy_agreement(test: list[list[int]], ref: list[list[int]]) -> dict[str, f
         firsts.append(next((i for i, ok in enumerate(matches) if not ok), n))
     return {"identical_tokens": same / total if total else 1.0, "mean_first_divergence": sum(firsts) / len(firsts),
             "sequences_identical": sum(t == r for t, r in zip(test, ref)) / len(ref)}
+
+
+def measure(backend: Backend, prompts: list[list[int]], new_tokens: int, blocks: torch.Tensor | None = None) -> dict:
+    """What one backend computes on the shared inputs: prefill logits of the left-padded prompts,
+    their greedy continuations, and (given held-out `blocks` [N, T]) perplexity."""
+    device = backend.device
+    batch = left_pad(prompts, 0, device)
+    backend.reset(len(prompts), batch.input_ids.shape[1])
+    logits = backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids).cpu()
+    found = {"logits": logits, "mask": batch.attention_mask.cpu(),
+             "tokens": Generator(backend).generate(prompts, Sampling(max_new_tokens=new_tokens))}
+    if blocks is not None:
+        blocks = blocks.to(device)
+        n, length = blocks.shape
+        backend.reset(n, length)
+        block_logits = backend.forward(blocks, torch.ones_like(blocks), torch.arange(length, device=device).expand(n, length))
+        found["perplexity"] = math.exp(F.cross_entropy(block_logits[:, :-1].flatten(0, 1).float(), blocks[:, 1:].flatten()).item())
+    return found
+
+
+def agreement(got: dict, ref: dict) -> dict:
+    """Every comparison of two `measure` results that both of them allow."""
+    metrics = {**compare_logits(got["logits"], ref["logits"], ref["mask"]), **greedy_agreement(got["tokens"], ref["tokens"])}
+    if "perplexity" in got and "perplexity" in ref:
+        metrics.update(perplexity=got["perplexity"], perplexity_change=got["perplexity"] / ref["perplexity"] - 1)
+    return metrics
 
 
 def budget_failures(metrics: dict, budget: Budget) -> list[str]:

@@ -8,34 +8,23 @@ when a row exceeds it. Rows that cannot run here are listed as skipped, with the
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pipeline.artifacts import RunDir, atomic_write_json, sha256_file
 from pipeline.config import Config
 from pipeline.data import heldout_blocks, prepare_data
 from pipeline.engines.metadata import EngineMeta, plans_for
 from pipeline.errors import UserError
-from pipeline.metrics import budget_failures, compare_logits, greedy_agreement
+from pipeline.metrics import agreement, budget_failures, measure
 from pipeline.model import load_checkpoint
 from pipeline.progress import progress
-from pipeline.runtime.backend import Backend, BackendUnavailable
-from pipeline.runtime.generate import Generator, left_pad
+from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.loader import default_matrix, open_backend
-from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.torch_eager import TorchEagerBackend
 from pipeline.tokenizer import load_tokenizer
-
-
-@dataclass
-class Inputs:
-    prompts: list[list[int]]  # varied lengths: batches are left-padded
-    blocks: torch.Tensor  # [N, T] perplexity blocks
-    new_tokens: int
 
 
 @dataclass
@@ -46,21 +35,6 @@ class Row:
     reason: str = ""
     metrics: dict = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
-
-
-def measure(backend: Backend, inputs: Inputs) -> dict:
-    """Prefill logits of the prompts, held-out perplexity, and greedy tokens, from one backend."""
-    device = backend.device
-    batch = left_pad(inputs.prompts, 0, device)
-    backend.reset(len(inputs.prompts), batch.input_ids.shape[1])
-    logits = backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids).cpu()
-    blocks = inputs.blocks.to(device)
-    n, length = blocks.shape
-    backend.reset(n, length)
-    block_logits = backend.forward(blocks, torch.ones_like(blocks), torch.arange(length, device=device).expand(n, length))
-    loss = F.cross_entropy(block_logits[:, :-1].flatten(0, 1).float(), blocks[:, 1:].flatten())
-    tokens = Generator(backend).generate(inputs.prompts, Sampling(max_new_tokens=inputs.new_tokens))
-    return {"logits": logits, "mask": batch.attention_mask.cpu(), "perplexity": math.exp(loss.item()), "tokens": tokens}
 
 
 def check_provenance(run: RunDir, backend: str, precision: str) -> None:
@@ -97,8 +71,8 @@ def validate(cfg: Config, run: RunDir, device: torch.device, pairs: list[tuple[s
                                 "validate.perplexity_blocks", from_end=True)[:v.perplexity_blocks]
     # prompts of decreasing length, so every batch exercises left padding
     prompts = [row[: max(1, v.prompt_tokens - 3 * i)].tolist() for i, row in enumerate(prompt_blocks)]
-    inputs = Inputs(prompts, torch.from_numpy(np.ascontiguousarray(ppl_blocks)), v.new_tokens)
-    reference = measure(TorchEagerBackend(model, "fp32", device), inputs)
+    blocks = torch.from_numpy(np.ascontiguousarray(ppl_blocks))
+    reference = measure(TorchEagerBackend(model, "fp32", device), prompts, v.new_tokens, blocks)
     rows = []
     for name, precision in progress(pairs or default_matrix(), total=len(pairs or default_matrix()), description="validate"):
         if name in ("ort", "trt"):
@@ -108,11 +82,7 @@ def validate(cfg: Config, run: RunDir, device: torch.device, pairs: list[tuple[s
         except BackendUnavailable as e:
             rows.append(Row(name, precision, "skipped", str(e)))
             continue
-        got = measure(backend, inputs)
-        metrics = {**compare_logits(got["logits"], reference["logits"], reference["mask"]),
-                   **greedy_agreement(got["tokens"], reference["tokens"]),
-                   "perplexity": got["perplexity"],
-                   "perplexity_change": got["perplexity"] / reference["perplexity"] - 1}
+        metrics = agreement(measure(backend, prompts, v.new_tokens, blocks), reference)
         failures = budget_failures(metrics, v.budgets[precision])
         rows.append(Row(name, precision, "fail" if failures else "pass", metrics=metrics, failures=failures))
         del backend

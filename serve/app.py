@@ -86,6 +86,10 @@ def create_app(engine: Engine) -> FastAPI:
     def decode(row: list[int]) -> str:
         return engine.tokenizer.decode([t for t in row if t != eos])
 
+    def generate_locked(ids: list[list[int]], s: Sampling) -> list[list[int]]:
+        with lock:
+            return Generator(engine.backend, eos).generate(ids, s)
+
     def steps(ids: list[list[int]], s: Sampling) -> Iterator[list[int]]:
         with lock:
             for token in Generator(engine.backend, eos).stream(ids, s):
@@ -106,22 +110,13 @@ def create_app(engine: Engine) -> FastAPI:
         if req.stream:
             return StreamingResponse(_events(steps(ids, s), decode), media_type="text/event-stream")
         started = time.perf_counter()
-        rows = await asyncio.to_thread(lambda: _collect(steps(ids, s), len(ids)))
-        rows = [row[: row.index(eos) + 1] if eos in row else row for row in rows]
+        rows = await asyncio.to_thread(generate_locked, ids, s)
         return {"completions": [decode(r) for r in rows], "tokens": rows,
                 "usage": {"prompt_tokens": sum(map(len, ids)), "completion_tokens": sum(map(len, rows)),
                           "seconds": round(time.perf_counter() - started, 4)},
                 "backend": engine.name, "precision": engine.precision}
 
     return app
-
-
-def _collect(steps: Iterator[list[int]], n: int) -> list[list[int]]:
-    rows: list[list[int]] = [[] for _ in range(n)]
-    for step in steps:
-        for row, token in zip(rows, step):
-            row.append(token)
-    return rows
 
 
 def _events(steps: Iterator[list[int]], decode) -> Iterator[str]:

@@ -22,12 +22,10 @@ from pipeline.export.contract import Contract, check_graph
 from pipeline.export.fp16 import convert_fp16
 from pipeline.export.int8 import convert_int8_qdq, convert_int8_weight_only
 from pipeline.export.onnx_fp32 import WithKVCache, export_fp32, finish_graph
-from pipeline.metrics import budget_failures, compare_logits, greedy_agreement
+from pipeline.metrics import agreement, budget_failures, measure
 from pipeline.model import load_checkpoint
 from pipeline.progress import console, progress
-from pipeline.runtime.generate import Generator, left_pad
 from pipeline.runtime.ort_backend import OrtBackend
-from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.torch_eager import TorchEagerBackend
 from pipeline.tokenizer import load_tokenizer
 
@@ -57,15 +55,9 @@ def calibration_feeds(model, blocks: np.ndarray) -> dict[str, np.ndarray]:
 
 def parity_check(onnx_path: Path, precision: str, model, prompts: list[list[int]], new_tokens: int) -> dict:
     """Prefill logits and greedy tokens of the graph on ONNX Runtime CPU vs PyTorch fp32."""
-    reference, candidate = TorchEagerBackend(model, "fp32"), OrtBackend(onnx_path, precision, "cpu", model.config.n_positions)
-    batch = left_pad(prompts, 0, torch.device("cpu"))
-    logits = []
-    for backend in (reference, candidate):
-        backend.reset(len(prompts), batch.input_ids.shape[1])
-        logits.append(backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids))
-    sampling = Sampling(max_new_tokens=new_tokens)
-    tokens = [Generator(b).generate(prompts, sampling) for b in (reference, candidate)]
-    return {**compare_logits(logits[1], logits[0], batch.attention_mask), **greedy_agreement(tokens[1], tokens[0])}
+    reference = measure(TorchEagerBackend(model, "fp32"), prompts, new_tokens)
+    candidate = measure(OrtBackend(onnx_path, precision, "cpu", model.config.n_positions), prompts, new_tokens)
+    return agreement(candidate, reference)
 
 
 def _convert(precision: str, fp32_path: Path, out: Path, model, calib: np.ndarray, opset: int) -> None:

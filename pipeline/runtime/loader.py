@@ -5,9 +5,12 @@ validate, bench, generate and serve all open their backends through it."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from pipeline.artifacts import RunDir
+from pipeline.errors import UserError
 from pipeline.model import load_checkpoint
 from pipeline.runtime.backend import BACKENDS, PRECISIONS, Backend, BackendUnavailable
 
@@ -19,6 +22,16 @@ def onnx_path(run: RunDir, precision: str):
     if not path.exists():
         raise BackendUnavailable(f"no onnx/{precision} graph in {run.root}: run `gpt2-deploy export`")
     return path
+
+
+def _n_positions(run: RunDir, model) -> int:
+    """The context limit, from the model if one is at hand, else from config.json (no weights loaded)."""
+    if model is not None:
+        return model.config.n_positions
+    path = run.checkpoint / "config.json"
+    if not path.exists():
+        raise UserError(f"{run.checkpoint}: no checkpoint here; `gpt2-deploy finetune` (or `make finetune`) makes it")
+    return json.loads(path.read_text(encoding="utf-8"))["n_positions"]
 
 
 def open_backend(run: RunDir, name: str, precision: str, device: torch.device, model=None) -> Backend:
@@ -37,8 +50,7 @@ def open_backend(run: RunDir, name: str, precision: str, device: torch.device, m
         return TorchCompiledBackend(model, precision, device)
     if name == "ort":
         from pipeline.runtime.ort_backend import OrtBackend
-        n_positions = (model.config if model is not None else load_checkpoint(run.checkpoint).config).n_positions
-        return OrtBackend(onnx_path(run, precision), precision, device, n_positions)
+        return OrtBackend(onnx_path(run, precision), precision, device, _n_positions(run, model))
     from pipeline.runtime.trt_backend import open_trt_backend
     return open_trt_backend(run, precision, device)
 
