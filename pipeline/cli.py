@@ -28,7 +28,7 @@ RunName = Annotated[Optional[str], typer.Option("--run", help="Run folder name u
 Artifacts = Annotated[Path, typer.Option("--artifacts", help="Folder that holds the run folders.")]
 Force = Annotated[bool, typer.Option("--force", help="Redo the stage even if its outputs are up to date.")]
 Device = Annotated[str, typer.Option(help="auto (cuda if visible), cpu, cuda or cuda:N.")]
-BackendName = Annotated[str, typer.Option("--backend", help="torch, torch-compiled, ort or trt.")]
+BackendName = Annotated[str, typer.Option("--backend", help="torch, torch-compiled, triton, ort or trt.")]
 BackendFilter = Annotated[Optional[list[str]], typer.Option("--backend", help="Only these backends (repeatable).")]
 PrecisionFilter = Annotated[Optional[list[str]], typer.Option("--precision", help="Only these precisions (repeatable).")]
 PrecisionName = Annotated[str, typer.Option("--precision", help="fp32, fp16, int8 or int8-wo.")]
@@ -149,18 +149,18 @@ def validate_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets 
 def validate_table(result: dict) -> Table:
     table = Table(title=f"validate vs torch fp32 on {result['device']} (reference perplexity "
                         f"{result['reference']['perplexity']:.2f})")
-    for col in ("backend", "precision", "status", "rel err", "max abs", "top-1", "top-1 clear", "greedy same",
-                "first diverge", "ppl change"):
+    for col in ("backend", "precision", "status", "rel err", "decode err", "max abs", "top-1", "top-1 clear",
+                "greedy same", "first diverge", "ppl change"):
         table.add_column(col, justify="left" if col in ("backend", "precision", "status") else "right")
     colour = {"pass": "green", "fail": "red", "skipped": "yellow"}
     for r in result["rows"]:
         m = r["metrics"]
-        cells = [f"{m['rel_error']:.2e}", f"{m['max_abs']:.3g}", f"{m['top1']:.3f}", f"{m['top1_clear']:.3f}",
-                 f"{m['identical_tokens']:.3f}", f"{m['mean_first_divergence']:.1f}",
-                 f"{100 * m['perplexity_change']:+.2f}%"] if m else [""] * 7
+        cells = [f"{m['rel_error']:.2e}", f"{m['decode_rel_error']:.2e}", f"{m['max_abs']:.3g}", f"{m['top1']:.3f}",
+                 f"{m['top1_clear']:.3f}", f"{m['identical_tokens']:.3f}", f"{m['mean_first_divergence']:.1f}",
+                 f"{100 * m['perplexity_change']:+.2f}%"] if m else [""] * 8
         table.add_row(r["backend"], r["precision"], f"[{colour[r['status']]}]{r['status']}[/]", *cells)
     for p in result.get("polygraphy", []):
-        table.add_row("polygraphy", p["precision"], f"[{colour[p['status']]}]{p['status']}[/]", *[""] * 7)
+        table.add_row("polygraphy", p["precision"], f"[{colour[p['status']]}]{p['status']}[/]", *[""] * 8)
     return table
 
 

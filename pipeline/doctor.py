@@ -71,6 +71,8 @@ def run_checks() -> list[Finding]:
     findings.append(check_simple("modelopt", "modelopt.onnx.quantization", "nvidia-modelopt",
                                  "fp16/int8 export needs it: pip install 'gpt2-deploy[quant]'"))
     findings.append(check_simple("polygraphy", "polygraphy", "polygraphy", "pip install 'gpt2-deploy[quant]'"))
+    findings.append(check_simple("triton", "triton", "triton",
+                                 "the triton backend needs it (PyTorch's CUDA builds bring it): pip install triton"))
     findings += check_tensorrt()
     findings.append(check_simple("fastapi", "fastapi", "fastapi", "serving needs it: pip install 'gpt2-deploy[serve]'"))
     return findings

@@ -14,6 +14,7 @@ from pipeline.runtime.generate import Generator, left_pad
 from pipeline.runtime.sampling import Sampling
 
 CLEAR_MARGIN = 0.5  # logits; a reference top-1 that leads its runner-up by this much is "clear"
+PROBE_TOKEN = 13  # "." fed to every row for one decode step after the prefill, the same for every backend
 
 
 def compare_logits(test: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, float]:
@@ -53,13 +54,19 @@ def greedy_agreement(test: list[list[int]], ref: list[list[int]]) -> dict[str, f
 
 
 def measure(backend: Backend, prompts: list[list[int]], new_tokens: int, blocks: torch.Tensor | None = None) -> dict:
-    """What one backend computes on the shared inputs: prefill logits of the left-padded prompts,
-    their greedy continuations, and (given held-out `blocks` [N, T]) perplexity."""
+    """What one backend computes on the shared inputs: prefill logits of the left-padded prompts and
+    of one decode step after them (the path generation runs; backends often compute it differently),
+    their greedy continuations, and (given held-out `blocks` [N, T]) perplexity. Logits are copied
+    out at once: a backend may hand back a buffer its next call rewrites."""
     device = backend.device
     batch = left_pad(prompts, 0, device)
-    backend.reset(len(prompts), batch.input_ids.shape[1])
-    logits = backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids).cpu()
-    found = {"logits": logits, "mask": batch.attention_mask.cpu(),
+    rows, width = batch.input_ids.shape
+    backend.reset(rows, width + 1)
+    logits = backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids).to("cpu", copy=True)
+    step_mask = torch.cat([batch.attention_mask, torch.ones(rows, 1, dtype=torch.long, device=device)], 1)
+    probe = torch.full((rows, 1), PROBE_TOKEN, dtype=torch.long, device=device)
+    step_logits = backend.forward(probe, step_mask, batch.position_ids[:, -1:] + 1).to("cpu", copy=True)
+    found = {"logits": logits, "step_logits": step_logits, "mask": batch.attention_mask.cpu(),
              "tokens": Generator(backend).generate(prompts, Sampling(max_new_tokens=new_tokens))}
     if blocks is not None:
         blocks = blocks.to(device)
@@ -72,7 +79,9 @@ def measure(backend: Backend, prompts: list[list[int]], new_tokens: int, blocks:
 
 def agreement(got: dict, ref: dict) -> dict:
     """Every comparison of two `measure` results that both of them allow."""
-    metrics = {**compare_logits(got["logits"], ref["logits"], ref["mask"]), **greedy_agreement(got["tokens"], ref["tokens"])}
+    metrics = {**compare_logits(got["logits"], ref["logits"], ref["mask"]),
+               "decode_rel_error": compare_logits(got["step_logits"], ref["step_logits"])["rel_error"],
+               **greedy_agreement(got["tokens"], ref["tokens"])}
     if "perplexity" in got and "perplexity" in ref:
         metrics.update(perplexity=got["perplexity"], perplexity_change=got["perplexity"] / ref["perplexity"] - 1)
     return metrics
@@ -83,6 +92,8 @@ def budget_failures(metrics: dict, budget: Budget) -> list[str]:
     failures = []
     if metrics["rel_error"] > budget.max_rel_error:
         failures.append(f"relative logits error {metrics['rel_error']:.2e} > {budget.max_rel_error:.2e}")
+    if metrics["decode_rel_error"] > budget.max_rel_error:
+        failures.append(f"relative logits error of a decode step {metrics['decode_rel_error']:.2e} > {budget.max_rel_error:.2e}")
     if metrics["top1_clear"] < budget.min_top1_clear:
         failures.append(f"clear top-1 agreement {metrics['top1_clear']:.3f} < {budget.min_top1_clear}")
     if metrics["identical_tokens"] < budget.min_greedy_identical:

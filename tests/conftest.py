@@ -3,9 +3,16 @@ real pipeline code in seconds on a 2-core CPU."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU the triton backend's kernels still run, in Triton's interpreter (numpy). Triton
+# reads this when it is first imported, which must come after this line.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from pipeline.config import load_config
 from pipeline.data import embedded_corpus

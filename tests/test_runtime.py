@@ -95,6 +95,30 @@ def test_static_cache_backend_matches_the_reference(model):
     assert Generator(static).generate(PROMPTS, s) == Generator(eager).generate(PROMPTS, s)
 
 
+@pytest.mark.parametrize("make", [TorchEagerBackend, lambda m: TorchCompiledBackend(m, "fp32", "cpu", compile=False)],
+                         ids=["torch", "torch-compiled"])
+def test_last_only_is_the_last_position(model, make):
+    backend = make(model)
+    batch = left_pad(PROMPTS, 0, torch.device("cpu"))
+    outs = []
+    for last_only in (False, True):
+        backend.reset(3, 30)
+        outs.append(backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids, last_only=last_only))
+    assert outs[1].shape == (3, 1, model.config.vocab_size)
+    assert torch.allclose(outs[1][:, 0], outs[0][:, -1], atol=1e-5)
+
+
+def test_similar_lengths_share_one_static_cache(model):
+    """Cache lengths are rounded up, so requests of similar length reuse one cache (and its graphs)."""
+    backend = TorchCompiledBackend(model, "fp32", "cpu", compile=False)
+    backend.reset(3, 10)
+    first = backend.slot
+    backend.reset(3, 40)
+    assert backend.slot is first and first.cache[0].shape[2] == model.config.n_positions
+    backend.reset(2, 40)
+    assert backend.slot is not first
+
+
 def test_compiled_decode_step_matches(model):
     """torch.compile'd decode step (Inductor's CPU code here; plus a CUDA graph on a GPU)."""
     s = Sampling(max_new_tokens=6)

@@ -54,7 +54,7 @@ def calibration_feeds(model, blocks: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def parity_check(onnx_path: Path, precision: str, model, prompts: list[list[int]], new_tokens: int) -> dict:
-    """Prefill logits and greedy tokens of the graph on ONNX Runtime CPU vs PyTorch fp32."""
+    """Prefill and decode-step logits and greedy tokens of the graph on ONNX Runtime CPU vs PyTorch fp32."""
     reference = measure(TorchEagerBackend(model, "fp32"), prompts, new_tokens)
     candidate = measure(OrtBackend(onnx_path, precision, "cpu", model.config.n_positions), prompts, new_tokens)
     return agreement(candidate, reference)

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch
 
-BACKENDS = ("torch", "torch-compiled", "ort", "trt")
+BACKENDS = ("torch", "torch-compiled", "triton", "ort", "trt")
 PRECISIONS = ("fp32", "fp16", "int8", "int8-wo")
 
 
@@ -25,9 +25,12 @@ class Backend(Protocol):
     def reset(self, batch: int, max_len: int) -> None:
         """Prepare an empty KV cache for `batch` sequences of at most `max_len` tokens."""
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids/position_ids [B, S], attention_mask [B, past + S] (int64) -> logits [B, S, V] fp32.
-        Appends the S new positions to the cache."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                last_only: bool = False) -> torch.Tensor:
+        """input_ids/position_ids [B, S], attention_mask [B, past + S] (int64) -> logits [B, S, V] fp32
+        ([B, 1, V] with last_only: generation needs no more, and the LM head over a whole prompt
+        costs more than the rest of a batch-64 prefill). Appends the S new positions to the cache.
+        The result may be a buffer the next call rewrites: use or copy it before calling again."""
 
 
 class BackendUnavailable(Exception):

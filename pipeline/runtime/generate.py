@@ -64,7 +64,7 @@ class Generator:
         seen = batch.input_ids if s.repetition_penalty != 1.0 else None  # only the penalty needs history
         stops = torch.tensor(s.stop_tokens, dtype=torch.long, device=device) if s.stop_tokens else None
         done = torch.zeros(b, dtype=torch.bool, device=device)
-        logits = self.backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids)[:, -1]
+        logits = self.backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids, last_only=True)[:, -1]
         position = batch.position_ids[:, -1:]
         for step in range(s.max_new_tokens):
             token = next_tokens(logits, seen, s, generator)

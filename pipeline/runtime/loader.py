@@ -34,18 +34,32 @@ def _n_positions(run: RunDir, model) -> int:
     return json.loads(path.read_text(encoding="utf-8"))["n_positions"]
 
 
+def check_triton(device: torch.device) -> None:
+    if device.type != "cuda":
+        raise BackendUnavailable("triton runs on a CUDA GPU (its kernels are compiled for one); this run is on the CPU")
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        raise BackendUnavailable("the triton package is missing (PyTorch's CUDA builds bring it): pip install triton") from e
+
+
 def open_backend(run: RunDir, name: str, precision: str, device: torch.device, model=None) -> Backend:
     if name not in BACKENDS or precision not in PRECISIONS:
         raise BackendUnavailable(f"unknown backend/precision {name}/{precision}")
-    if name in ("torch", "torch-compiled"):
+    if name in ("torch", "torch-compiled", "triton"):
         if precision not in TORCH_PRECISIONS:
             raise BackendUnavailable(f"{name} runs fp32/fp16; {precision} runs on ort or trt")
         if precision == "fp16" and device.type != "cuda":
             raise BackendUnavailable("fp16 PyTorch runs on a GPU only (no CUDA device here)")
+        if name == "triton":
+            check_triton(device)
         model = model if model is not None else load_checkpoint(run.checkpoint)
         if name == "torch":
             from pipeline.runtime.torch_eager import TorchEagerBackend
             return TorchEagerBackend(model, precision, device)
+        if name == "triton":
+            from pipeline.runtime.triton_backend import TritonBackend
+            return TritonBackend(model, precision, device)
         from pipeline.runtime.torch_compiled import TorchCompiledBackend
         return TorchCompiledBackend(model, precision, device)
     if name == "ort":
@@ -58,7 +72,7 @@ def open_backend(run: RunDir, name: str, precision: str, device: torch.device, m
 def default_matrix() -> list[tuple[str, str]]:
     """Every (backend, precision) pair this project runs, but the fp32 PyTorch reference itself.
     Pairs that cannot run on a machine are still listed, so reports say why they were skipped."""
-    pairs = [("torch", "fp16"), ("torch-compiled", "fp32"), ("torch-compiled", "fp16")]
+    pairs = [("torch", "fp16"), ("torch-compiled", "fp32"), ("torch-compiled", "fp16"), ("triton", "fp16")]
     return pairs + [("ort", p) for p in PRECISIONS] + [("trt", p) for p in PRECISIONS]
 
 

@@ -73,7 +73,7 @@ class OrtBackend:
         bind = binding.bind_output if output else binding.bind_input
         bind(name, self.ort_device[0], self.ort_device[1], np_type, list(shape), tensor.data_ptr())
 
-    def forward(self, input_ids, attention_mask, position_ids):
+    def forward(self, input_ids, attention_mask, position_ids, last_only=False):
         batch, seq = input_ids.shape
         past, present = self.kv.step(batch, seq)
         binding = self.session.io_binding()
@@ -88,4 +88,4 @@ class OrtBackend:
         self._bind(binding, "logits", logits, self.logits_np, logits.shape, output=True)
         self.session.run_with_iobinding(binding)
         self.kv.advance()
-        return logits.float()
+        return (logits[:, -1:] if last_only else logits).float()

@@ -72,7 +72,7 @@ class TrtBackend:
             self.context.set_input_shape(name, tuple(tensor.shape))
         self.context.set_tensor_address(name, tensor.data_ptr())
 
-    def forward(self, input_ids, attention_mask, position_ids):
+    def forward(self, input_ids, attention_mask, position_ids, last_only=False):
         batch, seq = input_ids.shape
         past, present = self.kv.step(batch, seq)
         feeds = [t.to(self.device, torch.int64).contiguous() for t in (input_ids, attention_mask, position_ids)]
@@ -87,4 +87,4 @@ class TrtBackend:
         if not self.context.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
             raise RuntimeError("TensorRT execute_async_v3 failed (see its log above)")
         self.kv.advance()
-        return logits.float()
+        return (logits[:, -1:] if last_only else logits).float()

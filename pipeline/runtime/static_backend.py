@@ -1,0 +1,111 @@
+"""What the static-cache backends (torch-compiled, triton) share: StaticGPT2's weights, one
+preallocated KV cache per (batch, cache length), prefill through StaticGPT2, and on a GPU the
+steps replayed from CUDA graphs: the decode step captured once per cache, the prefill once per
+prompt shape. A subclass says only how one decode step is computed.
+
+Cache lengths are rounded up (CACHE_ROUNDING) so that requests of similar length share one cache
+and its graphs; a decode step that reads only the filled part of the cache pays nothing for that."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import GPT2LMHeadModel
+
+from pipeline.runtime.static_gpt2 import StaticGPT2
+from pipeline.runtime.torch_eager import TORCH_DTYPES
+
+CACHE_ROUNDING = 256
+PREFILL_GRAPHS = 8  # prompt shapes per cache whose prefill graph is kept; the least recently used goes
+WARMUP_RUNS = 3  # before a capture: lets compilation and the allocator settle on a side stream
+
+
+@dataclass
+class CacheSlot:
+    """Everything a captured graph reads or writes, at addresses fixed for the slot's lifetime."""
+    cache: list[torch.Tensor]  # 2L x [B, H, T, D]
+    slot_mask: torch.Tensor  # [B, T] bool: which slots hold real tokens
+    token: torch.Tensor  # [B, 1] decode input
+    position: torch.Tensor  # [B, 1]
+    start: torch.Tensor  # scalar int64: the first slot the next forward writes
+    scratch: dict[str, torch.Tensor] = field(default_factory=dict)  # a subclass's own buffers
+    decode: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None  # graph, its logits [B, V] fp32
+    prefill: OrderedDict = field(default_factory=OrderedDict)  # seq -> (graph, its logits, its input_ids, position_ids)
+
+
+def capture(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """Warm fn up on a side stream, then record it into a CUDA graph. Returns the graph and fn's
+    output, a buffer every replay rewrites. The graph is recorded, not run: replay it."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_RUNS):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+class StaticCacheBackend:
+    name: str
+
+    def __init__(self, model: GPT2LMHeadModel, precision: str, device: str | torch.device, cuda_graphs: bool | None = None):
+        self.precision, self.device = precision, torch.device(device)
+        self.n_positions, self.vocab_size = model.config.n_positions, model.config.vocab_size
+        self.net = StaticGPT2(model, TORCH_DTYPES[precision]).to(self.device).eval()
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self.slots: dict[tuple[int, int], CacheSlot] = {}
+        self.slot: CacheSlot | None = None
+
+    def decode_step(self, s: CacheSlot) -> torch.Tensor:
+        """One decode step from s.token/position/start over s.cache -> logits [B, V] fp32."""
+        raise NotImplementedError
+
+    def new_slot(self, batch: int, length: int) -> CacheSlot:
+        long = dict(dtype=torch.long, device=self.device)
+        return CacheSlot(self.net.new_cache(batch, length), torch.zeros(batch, length, dtype=torch.bool, device=self.device),
+                         torch.zeros(batch, 1, **long), torch.zeros(batch, 1, **long), torch.zeros((), **long))
+
+    def reset(self, batch: int, max_len: int) -> None:
+        length = min(-(-max_len // CACHE_ROUNDING) * CACHE_ROUNDING, max(self.n_positions, max_len))
+        if (batch, length) not in self.slots:
+            self.slots[batch, length] = self.new_slot(batch, length)
+        self.slot = self.slots[batch, length]
+        self.slot.slot_mask.zero_()
+
+    @torch.inference_mode()
+    def forward(self, input_ids, attention_mask, position_ids, last_only: bool = False):
+        """As Backend.forward. On a GPU the result is a graph's output buffer: valid until the next call."""
+        s = self.slot
+        batch, seq = input_ids.shape
+        start = attention_mask.shape[1] - seq
+        s.slot_mask[:, start:start + seq].copy_(attention_mask[:, start:])  # one kernel, int64 -> bool
+        s.start.fill_(start)
+        if seq == 1:
+            s.token.copy_(input_ids)
+            s.position.copy_(position_ids)
+            if not self.cuda_graphs:
+                return self.decode_step(s)[:, None]
+            if s.decode is None:
+                s.decode = capture(lambda: self.decode_step(s), self.device)
+            s.decode[0].replay()
+            return s.decode[1][:, None]
+        prefill = lambda ids, pos: self.net(ids, pos, s.slot_mask, s.start, s.cache, last_only).float()  # noqa: E731
+        if not (self.cuda_graphs and last_only):  # full logits are for validation, not speed: no graph
+            return prefill(input_ids, position_ids)
+        if seq not in s.prefill:
+            ids, pos = input_ids.clone(), position_ids.clone()
+            s.prefill[seq] = (*capture(lambda: prefill(ids, pos), self.device), ids, pos)
+            if len(s.prefill) > PREFILL_GRAPHS:
+                s.prefill.popitem(last=False)
+        s.prefill.move_to_end(seq)
+        graph, logits, ids, pos = s.prefill[seq]
+        ids.copy_(input_ids)
+        pos.copy_(position_ids)
+        graph.replay()
+        return logits

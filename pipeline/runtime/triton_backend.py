@@ -1,0 +1,40 @@
+"""Hand-written decode kernels: prefill as in torch-compiled (StaticGPT2, a CUDA graph per prompt
+shape), each decode step five Triton kernels per layer (triton_kernels) captured into one CUDA
+graph, with attention that reads only the filled part of the cache."""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.runtime.static_backend import CacheSlot, StaticCacheBackend
+from pipeline.runtime.triton_kernels import decode_attention, embed, fused_linear
+
+
+class TritonBackend(StaticCacheBackend):
+    name = "triton"
+
+    def new_slot(self, batch: int, length: int) -> CacheSlot:
+        s = super().new_slot(batch, length)
+        net, dtype = self.net, self.net.wte.dtype
+        f32 = dict(dtype=torch.float32, device=self.device)
+        s.scratch = {"x": torch.empty(batch, net.n_embd, **f32),  # residual stream
+                     "q": torch.empty(batch, net.n_embd, dtype=dtype, device=self.device),
+                     "attention": torch.empty(batch, net.n_embd, dtype=dtype, device=self.device),
+                     "hidden": torch.empty(batch, 4 * net.n_embd, dtype=dtype, device=self.device),
+                     "logits": torch.empty(batch, self.vocab_size, **f32)}
+        return s
+
+    def decode_step(self, s: CacheSlot) -> torch.Tensor:
+        net, b = self.net, s.scratch
+        x, q, attention, hidden = b["x"], b["q"], b["attention"], b["hidden"]
+        embed(s.token, s.position, net.wte, net.wpe, x)
+        for i in range(net.n_layer):
+            keys, values = s.cache[2 * i], s.cache[2 * i + 1]
+            fused_linear(x, net.qkv_w[i], q, net.qkv_b[i], ln=(net.ln1_w[i], net.ln1_b[i], net.eps),
+                         qkv=(keys, values, s.start, net.head_dim))
+            decode_attention(q, keys, values, s.slot_mask, s.start, attention)
+            fused_linear(attention, net.proj_w[i], x, net.proj_b[i], residual=True)
+            fused_linear(x, net.fc_w[i], hidden, net.fc_b[i], ln=(net.ln2_w[i], net.ln2_b[i], net.eps), gelu=True)
+            fused_linear(hidden, net.fc2_w[i], x, net.fc2_b[i], residual=True)
+        fused_linear(x, net.wte, b["logits"], ln=(net.lnf_w, net.lnf_b, net.eps), n=self.vocab_size)
+        return b["logits"]

@@ -1,0 +1,174 @@
+"""Triton kernels for one GPT-2 decode step, five launches per layer.
+
+At batch 1 to 64 a decode step is bound by kernel launches and by reading the weights once, not by
+arithmetic: cuBLAS plus Inductor spend about 11 kernels per layer (layer norms, GEMMs, bias, GELU,
+cache writes, split-K reductions, attention), each a few microseconds. Here each layer is:
+
+1. fused_linear(LN1 -> QKV, bias), whose epilogue writes q to a buffer and k/v straight into the
+   static cache at the step's slot;
+2. decode_attention: one query per (row, head) against the cache with an online softmax, reading
+   only the slots up to the step's slot (the filled part of the cache), whatever the cache length;
+3. fused_linear(attention -> proj, bias, += residual);
+4. fused_linear(LN2 -> fc, bias, GELU);
+5. fused_linear(fc -> proj, bias, += residual).
+
+The residual stream is kept in fp32 between kernels; weights, cache and activations that feed a
+matrix product are in the model's dtype. The step's slot is read from a device scalar, so one
+CUDA graph of these launches serves every step."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+@triton.jit
+def _embed_kernel(token_ptr, position_ptr, wte_ptr, wpe_ptr, x_ptr, C: tl.constexpr, BLOCK_C: tl.constexpr):
+    """x[row] = wte[token[row]] + wpe[position[row]], in fp32."""
+    row = tl.program_id(0)
+    c = tl.arange(0, BLOCK_C)
+    inside = c < C
+    token = tl.load(token_ptr + row)
+    position = tl.load(position_ptr + row)
+    e = tl.load(wte_ptr + token * C + c, mask=inside, other=0.0).to(tl.float32)
+    e += tl.load(wpe_ptr + position * C + c, mask=inside, other=0.0).to(tl.float32)
+    tl.store(x_ptr + row * C + c, e, mask=inside)
+
+
+@triton.jit
+def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
+                         k_cache_ptr, v_cache_ptr, slot_ptr, cache_row_stride, cache_head_stride,
+                         M, N, eps,
+                         K: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
+                         LN: tl.constexpr, BIAS: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr,
+                         QKV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[M, N] = epilogue(LN?(x[M, K]) @ w[N, K]^T).
+
+    LN: layer norm of each x row (statistics in fp32 from one pass over the row). RESIDUAL: out += result (out holds the residual stream). QKV: columns [0, C)
+    go to out (q), [C, 2C) and [2C, 3C) to the k and v caches [B, H, T, D] at slot *slot_ptr."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_in, col_in = rm < M, rn < N
+    if LN:
+        # one pass, unrolled, so the row's loads are all in flight at once: a loop of dependent
+        # loads here would cost a memory latency per chunk in a kernel that is all latency
+        total = tl.zeros((BLOCK_M,), tl.float32)
+        squares = tl.zeros((BLOCK_M,), tl.float32)
+        for k0 in tl.static_range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=row_in[:, None] & (rk < K)[None, :], other=0.0)
+            x = x.to(tl.float32)
+            total += tl.sum(x, 1)
+            squares += tl.sum(x * x, 1)
+        mean = total / K
+        rstd = 1.0 / tl.sqrt(tl.maximum(squares / K - mean * mean, 0.0) + eps)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_in = rk < K
+        x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)
+        if LN:
+            gamma = tl.load(ln_w_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
+            beta = tl.load(ln_b_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
+            x = (x.to(tl.float32) - mean[:, None]) * rstd[:, None] * gamma[None, :] + beta[None, :]
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
+        acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=DOT_PRECISION)
+    if BIAS:
+        acc += tl.load(b_ptr + rn, mask=col_in, other=0.0).to(tl.float32)[None, :]
+    if GELU:
+        # GELU's tanh form: 0.5 * (1 + tanh(u)) == sigmoid(2u), with 2u = 2 * sqrt(2 / pi) * (x + 0.044715 x^3)
+        acc = acc / (1.0 + tl.exp(-1.5957691216057308 * (acc + 0.044715 * acc * acc * acc)))
+    inside = row_in[:, None] & col_in[None, :]
+    if QKV:
+        part = rn // C
+        within = rn % C
+        slot = tl.load(slot_ptr)
+        cached = rm[:, None] * cache_row_stride + (within // D)[None, :] * cache_head_stride + slot * D + (within % D)[None, :]
+        value = acc.to(k_cache_ptr.dtype.element_ty)
+        tl.store(out_ptr + rm[:, None] * C + within[None, :], value, mask=inside & (part == 0)[None, :])
+        tl.store(k_cache_ptr + cached, value, mask=inside & (part == 1)[None, :])
+        tl.store(v_cache_ptr + cached, value, mask=inside & (part == 2)[None, :])
+    else:
+        out = out_ptr + rm[:, None] * N + rn[None, :]
+        if RESIDUAL:
+            acc += tl.load(out, mask=inside, other=0.0).to(tl.float32)
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slot_ptr, out_ptr,
+                             cache_row_stride, cache_head_stride, scale,
+                             T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
+    """out[row, head] = softmax(q . k[t] * scale over live slots t) . v, for t <= slot whose
+    slot_mask is set (the query's own slot always counts). Blocks past the slot are skipped."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + row * H * D + head * D + d).to(tl.float32) * scale
+    slot = tl.load(slot_ptr)
+    cache = row * cache_row_stride + head * cache_head_stride
+    # -1e30 rather than -inf: a block with no live slot then adds exp(-inf) = 0, never inf - inf
+    m_i = tl.zeros((1,), tl.float32) - 1e30
+    l_i = tl.zeros((1,), tl.float32)
+    acc = tl.zeros((D,), tl.float32)
+    for t0 in range(0, T, BLOCK_T):
+        if t0 <= slot:
+            t = t0 + tl.arange(0, BLOCK_T)
+            filled = t <= slot
+            real = tl.load(slot_mask_ptr + row * T + t, mask=filled, other=0) != 0
+            live = filled & (real | (t == slot))
+            offsets = cache + t[:, None] * D + d[None, :]
+            k = tl.load(k_cache_ptr + offsets, mask=filled[:, None], other=0.0).to(tl.float32)
+            v = tl.load(v_cache_ptr + offsets, mask=filled[:, None], other=0.0).to(tl.float32)
+            s = tl.where(live, tl.sum(k * q[None, :], 1), float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            p = tl.exp(s - m_new)
+            alpha = tl.exp(m_i - m_new)
+            acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+            l_i = l_i * alpha + tl.sum(p, 0)
+            m_i = m_new
+    tl.store(out_ptr + row * H * D + head * D + d, (acc / l_i).to(out_ptr.dtype.element_ty))
+
+
+def linear_blocks(m: int, n: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps), chosen by timing decode steps on an H200 (bench notes in the README)."""
+    if m <= 16:
+        return 16, 64, 8
+    return 32, 64 if n > 8192 else 16, 4
+
+
+def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
+                 ln: tuple[torch.Tensor, torch.Tensor, float] | None = None, gelu: bool = False,
+                 residual: bool = False, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
+                 n: int | None = None) -> None:
+    """out = epilogue(LN?(x) @ w[:n]^T + bias). x [M, K] contiguous; w [>= n, K]; qkv = (k_cache,
+    v_cache, slot tensor, head_dim) routes the output as _fused_linear_kernel describes."""
+    m, k = x.shape
+    n = w.shape[0] if n is None else n
+    block_m, block_n, warps = linear_blocks(m, n)
+    ln_w, ln_b, eps = ln if ln is not None else (w, w, 0.0)
+    k_cache, v_cache, slot, head_dim = qkv if qkv is not None else (w, w, w, 16)
+    c = n // 3 if qkv is not None else n
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    _fused_linear_kernel[grid](
+        x, w, bias if bias is not None else w, out, ln_w, ln_b,
+        k_cache, v_cache, slot, k_cache.stride(0), k_cache.stride(1) if qkv is not None else 0,
+        m, n, eps, K=k, C=c, D=head_dim,
+        LN=ln is not None, BIAS=bias is not None, GELU=gelu, RESIDUAL=residual, QKV=qkv is not None,
+        DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=min(128, triton.next_power_of_2(k)), num_warps=warps)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mask: torch.Tensor,
+                     slot: torch.Tensor, out: torch.Tensor) -> None:
+    """q/out [B, H * D]; caches [B, H, T, D] contiguous; slot_mask [B, T]; slot a device scalar."""
+    batch, heads, length, head_dim = k_cache.shape
+    _decode_attention_kernel[(batch, heads)](
+        q, k_cache, v_cache, slot_mask, slot, out, k_cache.stride(0), k_cache.stride(1), head_dim ** -0.5,
+        T=length, H=heads, D=head_dim, BLOCK_T=64, num_warps=4)
+
+
+def embed(token: torch.Tensor, position: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor, x: torch.Tensor) -> None:
+    c = x.shape[1]
+    _embed_kernel[(x.shape[0],)](token, position, wte, wpe, x, C=c, BLOCK_C=triton.next_power_of_2(c))

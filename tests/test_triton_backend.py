@@ -1,0 +1,50 @@
+"""The triton backend's decode kernels, run by Triton's interpreter on the CPU (numpy, the same
+kernel code the GPU compiles; conftest selects it) against StaticGPT2's PyTorch forward."""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from pipeline.metrics import compare_logits
+from pipeline.runtime.generate import Generator, left_pad
+from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.torch_compiled import TorchCompiledBackend
+
+pytest.importorskip("triton")
+
+if torch.cuda.is_available():  # conftest chose the interpreter only where there is no GPU
+    pytest.skip("these check the kernels in Triton's interpreter, on a CPU-only machine", allow_module_level=True)
+from pipeline.runtime.triton_backend import TritonBackend  # noqa: E402
+
+
+# Rows of different lengths (left padding), the longest past one 64-slot attention block.
+PROMPTS = [list(range(3, 73)), [7, 8], list(range(40, 80, 2))]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=512)
+    return GPT2LMHeadModel(config).eval()
+
+
+def decode_logits(backend, batch):
+    """Prefill the batch, then one decode step; its logits [B, 1, V]."""
+    backend.reset(len(PROMPTS), batch.input_ids.shape[1] + 1)
+    backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids, last_only=True)
+    mask = torch.cat([batch.attention_mask, torch.ones(len(PROMPTS), 1, dtype=torch.long)], 1)
+    return backend.forward(torch.tensor([[11], [12], [13]]), mask, batch.position_ids[:, -1:] + 1).clone()
+
+
+@pytest.mark.parametrize("precision, budget", [("fp32", 1e-5), ("fp16", 5e-3)])
+def test_decode_step_matches_static_gpt2(model, precision, budget):
+    batch = left_pad(PROMPTS, 0, torch.device("cpu"))
+    reference = decode_logits(TorchCompiledBackend(model, "fp32", "cpu", compile=False), batch)
+    fused = decode_logits(TritonBackend(model, precision, "cpu"), batch)
+    assert compare_logits(fused, reference)["rel_error"] < budget
+
+
+def test_greedy_generation_matches(model):
+    s = Sampling(max_new_tokens=6)
+    reference = Generator(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0).generate(PROMPTS, s)
+    assert Generator(TritonBackend(model, "fp32", "cpu"), pad_id=0).generate(PROMPTS, s) == reference
