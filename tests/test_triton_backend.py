@@ -6,6 +6,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from pipeline.metrics import compare_logits
+from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.generate import Generator, left_pad
 from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.torch_compiled import TorchCompiledBackend
@@ -48,3 +49,9 @@ def test_greedy_generation_matches(model):
     s = Sampling(max_new_tokens=6)
     reference = Generator(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0).generate(PROMPTS, s)
     assert Generator(TritonBackend(model, "fp32", "cpu"), pad_id=0).generate(PROMPTS, s) == reference
+
+
+def test_a_head_size_the_kernels_cannot_hold_is_refused():
+    odd = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=48, n_positions=32, vocab_size=64))
+    with pytest.raises(BackendUnavailable, match="power-of-two head size; this model's is 24"):
+        TritonBackend(odd, "fp32", "cpu")

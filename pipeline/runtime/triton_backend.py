@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.static_backend import CacheSlot, StaticCacheBackend
 from pipeline.runtime.triton_kernels import decode_attention, embed, fused_linear
 
 
 class TritonBackend(StaticCacheBackend):
     name = "triton"
+
+    def __init__(self, model, precision: str = "fp16", device="cuda", cuda_graphs: bool | None = None):
+        head_dim = model.config.n_embd // model.config.n_head
+        if head_dim & (head_dim - 1):  # the attention kernel holds one head in a power-of-two block
+            raise BackendUnavailable(f"triton needs a power-of-two head size; this model's is {head_dim}")
+        super().__init__(model, precision, device, cuda_graphs)
 
     def new_slot(self, batch: int, length: int) -> CacheSlot:
         s = super().new_slot(batch, length)

@@ -132,7 +132,8 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
 
 
 def linear_blocks(m: int, n: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, warps), chosen by timing decode steps on an H200 (bench notes in the README)."""
+    """(BLOCK_M, BLOCK_N, warps), chosen by timing decode steps on an H200
+    (artifacts/results/decode_notes_h200.md lists the sizes tried)."""
     if m <= 16:
         return 16, 64, 8
     return 32, 64 if n > 8192 else 16, 4
@@ -147,6 +148,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
     m, k = x.shape
     n = w.shape[0] if n is None else n
     block_m, block_n, warps = linear_blocks(m, n)
+    # a pointer argument the kernel's flags leave unused still needs a tensor: w stands in
     ln_w, ln_b, eps = ln if ln is not None else (w, w, 0.0)
     k_cache, v_cache, slot, head_dim = qkv if qkv is not None else (w, w, w, 16)
     c = n // 3 if qkv is not None else n
@@ -156,7 +158,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
         k_cache, v_cache, slot, k_cache.stride(0), k_cache.stride(1) if qkv is not None else 0,
         m, n, eps, K=k, C=c, D=head_dim,
         LN=ln is not None, BIAS=bias is not None, GELU=gelu, RESIDUAL=residual, QKV=qkv is not None,
-        DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",  # fp32 stays exact (its 1e-5 budget)
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=min(128, triton.next_power_of_2(k)), num_warps=warps)
 
 
