@@ -82,7 +82,7 @@ class StaticCacheBackend:
     def forward(self, input_ids, attention_mask, position_ids, last_only: bool = False):
         """As Backend.forward. On a GPU the result is a graph's output buffer: valid until the next call."""
         s = self.slot
-        batch, seq = input_ids.shape
+        seq = input_ids.shape[1]
         start = attention_mask.shape[1] - seq
         s.slot_mask[:, start:start + seq].copy_(attention_mask[:, start:])  # one kernel, int64 -> bool
         s.start.fill_(start)

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+
 @triton.jit
 def _embed_kernel(token_ptr, position_ptr, wte_ptr, wpe_ptr, x_ptr, C: tl.constexpr, BLOCK_C: tl.constexpr):
     """x[row] = wte[token[row]] + wpe[position[row]], in fp32."""
