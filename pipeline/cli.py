@@ -120,7 +120,17 @@ def _device(spec: str):
 
 
 def _pairs(matrix: list[tuple[str, str]], backend: Optional[list[str]], precision: Optional[list[str]]):
-    return [(b, p) for b, p in matrix if (not backend or b in backend) and (not precision or p in precision)]
+    from pipeline.runtime.backend import BACKENDS, PRECISIONS
+
+    for option, given, known in (("--backend", backend, BACKENDS), ("--precision", precision, PRECISIONS)):
+        for name in given or []:
+            if name not in known:
+                raise UserError(f"{option} {name}: unknown; choose from {', '.join(known)}")
+    pairs = [(b, p) for b, p in matrix if (not backend or b in backend) and (not precision or p in precision)]
+    if not pairs:
+        raise UserError(f"--backend {' '.join(backend or [])} --precision {' '.join(precision or [])}: "
+                        "no backend runs that combination")
+    return pairs
 
 
 @app.command("validate")

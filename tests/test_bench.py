@@ -62,3 +62,11 @@ def test_bad_options_are_one_line(tmp_path):
     bad.write_text("not json")
     result = runner.invoke(app, ["bench", "--compare", str(bad)])
     assert result.exit_code == 1 and "not a readable bench.json" in result.output
+
+
+def test_a_filter_that_selects_nothing_is_refused(tmp_path):
+    result = runner.invoke(app, ["bench", "--artifacts", str(tmp_path), "--backend", "nope"])
+    assert result.exit_code == 1 and "--backend nope: unknown; choose from torch, torch-compiled" in result.output
+    result = runner.invoke(app, ["validate", "--artifacts", str(tmp_path), "--backend", "triton", "--precision", "int8"])
+    assert result.exit_code == 1 and "no backend runs that combination" in result.output
+    assert not any(tmp_path.rglob("*.json"))  # nothing half-written
