@@ -50,6 +50,12 @@ def user_errors(fn):
                 raise
             console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(130 if isinstance(e, Interrupted) else 1) from None
+        except KeyboardInterrupt:  # stages write through temp files and renames: nothing half-written stays
+            if _debug["on"]:
+                raise
+            console.print("[red]interrupted:[/red] stopped before the end; outputs are written only when complete",
+                          highlight=False)
+            raise typer.Exit(130) from None
     return wrapper
 
 
