@@ -55,3 +55,37 @@ def test_a_head_size_the_kernels_cannot_hold_is_refused():
     odd = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=48, n_positions=32, vocab_size=64))
     with pytest.raises(BackendUnavailable, match="power-of-two head size; this model's is 24"):
         TritonBackend(odd, "fp32", "cpu")
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 4])
+def test_split_k_adds_each_slice_and_the_bias_once(split_k):
+    from pipeline.runtime.triton_kernels import LinearConfig, fused_linear
+    torch.manual_seed(1)
+    x, w, bias = torch.randn(3, 128), torch.randn(48, 128), torch.randn(48)
+    residual = torch.randn(3, 48)
+    out = residual.clone()
+    fused_linear(x, w, out, bias, residual=True, config=LinearConfig(16, 16, 32, split_k))
+    torch.testing.assert_close(out, residual + x @ w.T + bias, rtol=1e-5, atol=1e-4)
+
+
+def test_split_k_needs_a_residual_fp32_output():
+    from pipeline.runtime.triton_kernels import LinearConfig, fused_linear
+    with pytest.raises(ValueError, match="split_k=2 needs a residual fp32 output"):
+        fused_linear(torch.randn(1, 64), torch.randn(16, 64), torch.empty(1, 16), config=LinearConfig(16, 16, 32, 2))
+
+
+@pytest.mark.parametrize("block_t", [16, 64])
+def test_attention_over_several_cache_blocks(block_t):
+    """The online softmax across blocks (BLOCK_T smaller than the filled cache) equals one softmax
+    over the live slots; padding slots and slots past the step's are left out."""
+    from pipeline.runtime.triton_kernels import decode_attention
+    torch.manual_seed(2)
+    b, h, t, d, slot = 2, 2, 64, 16, 40
+    q, k, v = torch.randn(b, h * d), torch.randn(b, h, t, d), torch.randn(b, h, t, d)
+    mask = torch.ones(b, t, dtype=torch.bool)
+    mask[1, :25] = False  # row 1 is left-padded
+    out = torch.empty(b, h * d)
+    decode_attention(q, k, v, mask, torch.tensor(slot), out, config=(block_t, 4))
+    live = (mask & (torch.arange(t) <= slot))[:, None, None, :]
+    expected = torch.nn.functional.scaled_dot_product_attention(q.view(b, h, 1, d), k, v, attn_mask=live)
+    torch.testing.assert_close(out, expected.reshape(b, h * d), rtol=1e-5, atol=1e-5)

@@ -18,6 +18,8 @@ CUDA graph of these launches serves every step."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -43,11 +45,14 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
                          K: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
                          LN: tl.constexpr, BIAS: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr,
                          QKV: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     """out[M, N] = epilogue(LN?(x[M, K]) @ w[N, K]^T).
 
-    LN: layer norm of each x row (statistics in fp32 from one pass over the row). RESIDUAL: out += result (out holds the residual stream). QKV: columns [0, C)
-    go to out (q), [C, 2C) and [2C, 3C) to the k and v caches [B, H, T, D] at slot *slot_ptr."""
+    LN: layer norm of each x row (statistics in fp32 from one pass over the row). RESIDUAL: out +=
+    result (out holds the residual stream). QKV: columns [0, C) go to out (q), [C, 2C) and [2C, 3C)
+    to the k and v caches [B, H, T, D] at slot *slot_ptr.
+    SPLIT_K > 1 (RESIDUAL only, out fp32): program_id(2) takes one K / SPLIT_K slice and adds its
+    partial product into out atomically, so a narrow output still spreads over many programs."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_in, col_in = rm < M, rn < N
@@ -65,8 +70,9 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
         mean = total / K
         rstd = 1.0 / tl.sqrt(tl.maximum(squares / K - mean * mean, 0.0) + eps)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
+    k_slice = tl.program_id(2) * (K // SPLIT_K)
+    for k0 in range(0, K // SPLIT_K, BLOCK_K):
+        rk = k_slice + k0 + tl.arange(0, BLOCK_K)
         k_in = rk < K
         x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)
         if LN:
@@ -76,7 +82,8 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
         acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=DOT_PRECISION)
     if BIAS:
-        acc += tl.load(b_ptr + rn, mask=col_in, other=0.0).to(tl.float32)[None, :]
+        if tl.program_id(2) == 0:  # one K slice adds the bias
+            acc += tl.load(b_ptr + rn, mask=col_in, other=0.0).to(tl.float32)[None, :]
     if GELU:
         # GELU's tanh form: 0.5 * (1 + tanh(u)) == sigmoid(2u), with 2u = 2 * sqrt(2 / pi) * (x + 0.044715 x^3)
         acc = acc / (1.0 + tl.exp(-1.5957691216057308 * (acc + 0.044715 * acc * acc * acc)))
@@ -92,9 +99,12 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
         tl.store(v_cache_ptr + cached, value, mask=inside & (part == 2)[None, :])
     else:
         out = out_ptr + rm[:, None] * N + rn[None, :]
-        if RESIDUAL:
-            acc += tl.load(out, mask=inside, other=0.0).to(tl.float32)
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside)
+        if SPLIT_K > 1:
+            tl.atomic_add(out, acc, mask=inside, sem="relaxed")
+        else:
+            if RESIDUAL:
+                acc += tl.load(out, mask=inside, other=0.0).to(tl.float32)
+            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
@@ -132,44 +142,73 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
     tl.store(out_ptr + row * H * D + head * D + d, (acc / l_i).to(out_ptr.dtype.element_ty))
 
 
-def linear_blocks(m: int, n: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, warps), chosen by timing decode steps on an H200
-    (artifacts/results/decode_notes_h200.md lists the sizes tried)."""
-    if m <= 16:
-        return 16, 64, 8
-    return 32, 64 if n > 8192 else 16, 4
+@dataclass(frozen=True)
+class LinearConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    warps: int = 4
+    stages: int = 3
+
+
+def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
+    """Tile sizes for one fused linear, chosen by timing every GPT-2 124M shape at batch 1, 8 and 64
+    on an H200 (artifacts/results/decode_notes_h200.md has the sweep). A decode step's matrices are
+    far too small to fill 132 multiprocessors with big tiles: narrow tiles and, where the epilogue
+    is a plain sum (the residual projections), split K, so that each launch runs 70 to 400 programs."""
+    block_k = min(128, triton.next_power_of_2(k))
+    small = m <= 16
+    if residual:
+        split = max(s for s in (1, 2, 3, 4, 6, 8) if k % (s * block_k) == 0)
+        if small:
+            return LinearConfig(16, 16, block_k, split, warps=4)
+        return LinearConfig(64 if k > 1024 else 32, 32, block_k, split, warps=4)
+    if n > 8192:  # the LM head
+        return LinearConfig(16 if small else 64, 128, block_k, warps=8)
+    return LinearConfig(16, 32 if small else 128, block_k, warps=8)
 
 
 def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
                  ln: tuple[torch.Tensor, torch.Tensor, float] | None = None, gelu: bool = False,
                  residual: bool = False, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
-                 n: int | None = None) -> None:
-    """out = epilogue(LN?(x) @ w[:n]^T + bias). x [M, K] contiguous; w [>= n, K]; qkv = (k_cache,
-    v_cache, slot tensor, head_dim) routes the output as _fused_linear_kernel describes."""
+                 n: int | None = None, config: LinearConfig | None = None) -> None:
+    """out = epilogue(LN?(x) @ w[:n]^T + bias). x [M, K] contiguous; w [>= n, K]; ln = (weight, bias,
+    eps); qkv = (k_cache, v_cache, slot tensor, head_dim) routes the output as _fused_linear_kernel
+    describes. config overrides the tuned tiles (tests, tuning)."""
     m, k = x.shape
     n = w.shape[0] if n is None else n
-    block_m, block_n, warps = linear_blocks(m, n)
+    cfg = config or linear_config(m, n, k, residual)
+    block_k = min(cfg.block_k, triton.next_power_of_2(k))
+    if cfg.split_k > 1 and not (residual and out.dtype == torch.float32 and k % (cfg.split_k * block_k) == 0):
+        raise ValueError(f"split_k={cfg.split_k} needs a residual fp32 output and K ({k}) a multiple of split_k * block_k")
     # a pointer argument the kernel's flags leave unused still needs a tensor: w stands in
     ln_w, ln_b, eps = ln if ln is not None else (w, w, 0.0)
     k_cache, v_cache, slot, head_dim = qkv if qkv is not None else (w, w, w, 16)
     c = n // 3 if qkv is not None else n
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
     _fused_linear_kernel[grid](
         x, w, bias if bias is not None else w, out, ln_w, ln_b,
         k_cache, v_cache, slot, k_cache.stride(0), k_cache.stride(1) if qkv is not None else 0,
         m, n, eps, K=k, C=c, D=head_dim,
         LN=ln is not None, BIAS=bias is not None, GELU=gelu, RESIDUAL=residual, QKV=qkv is not None,
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",  # fp32 stays exact (its 1e-5 budget)
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=min(128, triton.next_power_of_2(k)), num_warps=warps)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
+        num_warps=cfg.warps, num_stages=cfg.stages)
+
+
+ATTENTION_BLOCK_T, ATTENTION_WARPS = 256, 8  # best at batch 1, 8 and 64 (61 registers, no spills)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mask: torch.Tensor,
-                     slot: torch.Tensor, out: torch.Tensor) -> None:
-    """q/out [B, H * D]; caches [B, H, T, D] contiguous; slot_mask [B, T]; slot a device scalar."""
+                     slot: torch.Tensor, out: torch.Tensor, config: tuple[int, int] | None = None) -> None:
+    """q/out [B, H * D]; caches [B, H, T, D] contiguous; slot_mask [B, T]; slot a device scalar.
+    config = (BLOCK_T, warps) overrides the tuned one."""
     batch, heads, length, head_dim = k_cache.shape
+    block_t, warps = config or (ATTENTION_BLOCK_T, ATTENTION_WARPS)
     _decode_attention_kernel[(batch, heads)](
         q, k_cache, v_cache, slot_mask, slot, out, k_cache.stride(0), k_cache.stride(1), head_dim ** -0.5,
-        T=length, H=heads, D=head_dim, BLOCK_T=64, num_warps=4)
+        T=length, H=heads, D=head_dim, BLOCK_T=min(block_t, triton.next_power_of_2(length)), num_warps=warps)
 
 
 def embed(token: torch.Tensor, position: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor, x: torch.Tensor) -> None:
