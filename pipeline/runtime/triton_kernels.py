@@ -52,7 +52,8 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
     result (out holds the residual stream). QKV: columns [0, C) go to out (q), [C, 2C) and [2C, 3C)
     to the k and v caches [B, H, T, D] at slot *slot_ptr.
     SPLIT_K > 1 (RESIDUAL only, out fp32): program_id(2) takes one K / SPLIT_K slice and adds its
-    partial product into out atomically, so a narrow output still spreads over many programs."""
+    partial product into out atomically, so a narrow output still spreads over many programs. The
+    order of those fp32 additions is not fixed, so results are not bit-identical from run to run."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_in, col_in = rm < M, rn < N
