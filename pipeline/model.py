@@ -58,7 +58,14 @@ def load_gpt2(source: str | Path, what: str = "--model") -> GPT2LMHeadModel:
         raise UserError(f"{what} {source}: the weights cannot be loaded ({str(e).splitlines()[0]})") from None
 
 
-def load_checkpoint(folder: Path) -> GPT2LMHeadModel:
-    if not (folder / "config.json").exists():
+def require_checkpoint(folder: Path, file: str = "config.json") -> Path:
+    """folder / file, or a UserError that says how to make the checkpoint."""
+    path = Path(folder) / file
+    if not path.exists():
         raise UserError(f"{folder}: no checkpoint here; `gpt2-deploy finetune` (or `make finetune`) makes it")
+    return path
+
+
+def load_checkpoint(folder: Path) -> GPT2LMHeadModel:
+    require_checkpoint(folder)
     return load_gpt2(folder, what="checkpoint").eval()

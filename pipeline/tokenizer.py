@@ -10,6 +10,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, GPT2Tokenizer, PreTrainedTokenizerBase
 
 from pipeline.errors import UserError
+from pipeline.model import require_checkpoint
 
 
 def embedded_gpt2_tokenizer() -> PreTrainedTokenizerBase:
@@ -24,8 +25,7 @@ def embedded_gpt2_tokenizer() -> PreTrainedTokenizerBase:
 
 
 def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
-    if not (Path(folder) / "tokenizer_config.json").exists():
-        raise UserError(f"{folder}: no checkpoint here; `gpt2-deploy finetune` (or `make finetune`) makes it")
+    require_checkpoint(folder, "tokenizer_config.json")
     try:
         tok = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as e:

@@ -10,8 +10,7 @@ import json
 import torch
 
 from pipeline.artifacts import RunDir
-from pipeline.errors import UserError
-from pipeline.model import load_checkpoint
+from pipeline.model import load_checkpoint, require_checkpoint
 from pipeline.runtime.backend import BACKENDS, PRECISIONS, Backend, BackendUnavailable
 
 TORCH_PRECISIONS = ("fp32", "fp16")
@@ -28,10 +27,7 @@ def _n_positions(run: RunDir, model) -> int:
     """The context limit, from the model if one is at hand, else from config.json (no weights loaded)."""
     if model is not None:
         return model.config.n_positions
-    path = run.checkpoint / "config.json"
-    if not path.exists():
-        raise UserError(f"{run.checkpoint}: no checkpoint here; `gpt2-deploy finetune` (or `make finetune`) makes it")
-    return json.loads(path.read_text(encoding="utf-8"))["n_positions"]
+    return json.loads(require_checkpoint(run.checkpoint).read_text(encoding="utf-8"))["n_positions"]
 
 
 def check_triton(device: torch.device) -> None:
