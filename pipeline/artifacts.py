@@ -33,7 +33,7 @@ from pipeline.errors import UserError
 
 ARTIFACTS_ROOT = Path("artifacts")
 TRACKED_PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "onnx", "onnxscript", "onnxruntime",
-                    "onnxruntime-gpu", "nvidia-modelopt", "polygraphy", "tensorrt", "tensorrt-rtx")
+                    "onnxruntime-gpu", "nvidia-modelopt", "polygraphy", "tensorrt", "tensorrt-rtx", "triton")
 
 
 def sha256_file(path: Path) -> str:

@@ -89,3 +89,22 @@ def test_attention_over_several_cache_blocks(block_t):
     live = (mask & (torch.arange(t) <= slot))[:, None, None, :]
     expected = torch.nn.functional.scaled_dot_product_attention(q.view(b, h, 1, d), k, v, attn_mask=live)
     torch.testing.assert_close(out, expected.reshape(b, h * d), rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_advance_takes_the_first_largest_column_and_moves_the_inputs_on():
+    """The LM head's per-program maxima reduce to torch.argmax (first column on ties, across programs);
+    the token, its column of the output, the position, the slot mask, start and step all advance."""
+    from pipeline.runtime.triton_kernels import LinearConfig, fused_linear, greedy_advance
+    torch.manual_seed(5)
+    x, w = torch.randn(3, 32), torch.randn(100, 32)
+    x[0] = 1.0
+    w[10] = w[70] = 1.0  # row 0: a tie between columns 10 and 70, seven programs apart
+    logits, best, best_index = torch.empty(3, 100), torch.empty(3, 7), torch.empty(3, 7, dtype=torch.int32)
+    fused_linear(x, w, logits, argmax=(best, best_index), config=LinearConfig(16, 16, 32))
+    token, tokens, position = torch.zeros(3, 1, dtype=torch.long), torch.zeros(3, 4, dtype=torch.long), torch.tensor([[4], [2], [7]])
+    step, start, slot_mask, arrivals = torch.tensor([2]), torch.tensor(5), torch.zeros(3, 8, dtype=torch.bool), torch.zeros(1, dtype=torch.int32)
+    greedy_advance(best, best_index, token, tokens, step, position, start, slot_mask, arrivals)
+    expected = logits.argmax(-1)
+    assert expected[0] == 10 and torch.equal(token[:, 0], expected) and torch.equal(tokens[:, 2], expected)
+    assert position.tolist() == [[5], [3], [8]] and int(start) == 6 and int(step) == 3 and int(arrivals) == 0
+    assert slot_mask[:, 6].all() and slot_mask.sum() == 3

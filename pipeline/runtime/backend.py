@@ -3,7 +3,10 @@
 A backend runs one forward of the contract graph (prefill or decode) and keeps the KV cache of
 the batch it is working on. The generator owns tokens, masks, positions and sampling; a backend
 owns only how the model is executed. Tensors cross this boundary as torch tensors on the
-backend's device."""
+backend's device.
+
+A backend may also offer greedy_steps (the static-cache backends do, see static_backend): then the
+generator hands plain greedy decoding to it, and the backend feeds each argmax back itself."""
 
 from __future__ import annotations
 

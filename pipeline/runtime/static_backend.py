@@ -1,7 +1,9 @@
 """What the static-cache backends (torch-compiled, triton) share: StaticGPT2's weights, one
 preallocated KV cache per (batch, cache length), prefill through StaticGPT2, and on a GPU the
 steps replayed from CUDA graphs: the decode step captured once per cache, the prefill once per
-prompt shape. A subclass says only how one decode step is computed.
+prompt shape, and for plain greedy decoding a step that also takes the argmax and advances its own
+inputs, so a token costs one replay and no host work. A subclass says only how one decode step is
+computed (and may do the greedy tail its own way).
 
 Cache lengths are rounded up (CACHE_ROUNDING) so that requests of similar length share one cache
 and its graphs; a decode step that reads only the filled part of the cache pays nothing for that."""
@@ -9,7 +11,7 @@ and its graphs; a decode step that reads only the filled part of the cache pays 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -31,9 +33,12 @@ class CacheSlot:
     token: torch.Tensor  # [B, 1] decode input
     position: torch.Tensor  # [B, 1]
     start: torch.Tensor  # scalar int64: the first slot the next forward writes
+    step: torch.Tensor  # [1] int64: greedy_steps' column in greedy_tokens
+    greedy_tokens: torch.Tensor  # [B, T] int64: what greedy_steps yields, one column per step
     scratch: dict[str, torch.Tensor] = field(default_factory=dict)  # a subclass's own buffers
     decode: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None  # graph, its logits [B, V] fp32
-    prefill: OrderedDict = field(default_factory=OrderedDict)  # seq -> (graph, its logits, its input_ids, position_ids)
+    greedy: torch.cuda.CUDAGraph | None = None  # greedy_step, captured
+    prefill: OrderedDict = field(default_factory=OrderedDict)  # (start, seq) -> (graph, its logits, input_ids, position_ids)
 
 
 def capture(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -69,7 +74,8 @@ class StaticCacheBackend:
     def new_slot(self, batch: int, length: int) -> CacheSlot:
         long = dict(dtype=torch.long, device=self.device)
         return CacheSlot(self.net.new_cache(batch, length), torch.zeros(batch, length, dtype=torch.bool, device=self.device),
-                         torch.zeros(batch, 1, **long), torch.zeros(batch, 1, **long), torch.zeros((), **long))
+                         torch.zeros(batch, 1, **long), torch.zeros(batch, 1, **long), torch.zeros((), **long),
+                         torch.zeros(1, **long), torch.zeros(batch, length, **long))
 
     def reset(self, batch: int, max_len: int) -> None:
         length = min(-(-max_len // CACHE_ROUNDING) * CACHE_ROUNDING, max(self.n_positions, max_len))
@@ -77,6 +83,43 @@ class StaticCacheBackend:
             self.slots[batch, length] = self.new_slot(batch, length)
         self.slot = self.slots[batch, length]
         self.slot.slot_mask.zero_()
+
+    def greedy_step(self, s: CacheSlot) -> None:
+        """One greedy step that feeds the next: s.token at s.position into slot s.start, its argmax
+        into s.greedy_tokens[:, s.step] and s.token; position, slot and step advance by one and the
+        new slot is marked real in s.slot_mask."""
+        token = self.decode_step(s).argmax(-1, keepdim=True)
+        s.greedy_tokens.index_copy_(1, s.step, token)
+        s.token.copy_(token)
+        for counter in (s.position, s.start, s.step):
+            counter.add_(1)
+        s.slot_mask.index_fill_(1, s.start.view(1), True)
+
+    @torch.inference_mode()
+    def greedy_steps(self, token: torch.Tensor, position: torch.Tensor, slot: int, count: int) -> Iterator[torch.Tensor]:
+        """Greedy decoding after a prefill with the host out of the loop: token [B] goes in at
+        position [B, 1] and cache slot `slot`, then each step's argmax feeds the step after. Yields
+        count next tokens [B], columns of one buffer that stay valid until the next generation. On a
+        GPU a step is one replay of a graph that also takes the argmax and advances the inputs, where
+        forward() needs five small launches around its replay."""
+        s = self.slot
+        s.token.copy_(token[:, None])
+        s.position.copy_(position)
+        s.start.fill_(slot)
+        s.step.zero_()
+        s.slot_mask[:, slot] = True
+        if self.cuda_graphs and s.greedy is None:
+            state = [t.clone() for t in (s.token, s.position, s.start)]
+            s.greedy = capture(lambda: self.greedy_step(s), self.device)[0]
+            for live, saved in zip((s.token, s.position, s.start), state):  # capture's warm-up ran steps
+                live.copy_(saved)
+            s.step.zero_()
+        for i in range(count):
+            if self.cuda_graphs:
+                s.greedy.replay()
+            else:
+                self.greedy_step(s)
+            yield s.greedy_tokens[:, i]
 
     @torch.inference_mode()
     def forward(self, input_ids, attention_mask, position_ids, last_only: bool = False):
@@ -95,16 +138,17 @@ class StaticCacheBackend:
                 s.decode = capture(lambda: self.decode_step(s), self.device)
             s.decode[0].replay()
             return s.decode[1][:, None]
-        prefill = lambda ids, pos: self.net(ids, pos, s.slot_mask, s.start, s.cache, last_only).float()  # noqa: E731
+        prefill = lambda ids, pos: self.net(ids, pos, s.slot_mask, start, s.cache, last_only).float()  # noqa: E731
         if not (self.cuda_graphs and last_only):  # full logits are for validation, not speed: no graph
             return prefill(input_ids, position_ids)
-        if seq not in s.prefill:
+        shape = (start, seq)
+        if shape not in s.prefill:
             ids, pos = input_ids.clone(), position_ids.clone()
-            s.prefill[seq] = (*capture(lambda: prefill(ids, pos), self.device), ids, pos)
+            s.prefill[shape] = (*capture(lambda: prefill(ids, pos), self.device), ids, pos)
             if len(s.prefill) > PREFILL_GRAPHS:
                 s.prefill.popitem(last=False)
-        s.prefill.move_to_end(seq)
-        graph, logits, ids, pos = s.prefill[seq]
+        s.prefill.move_to_end(shape)
+        graph, logits, ids, pos = s.prefill[shape]
         ids.copy_(input_ids)
         pos.copy_(position_ids)
         graph.replay()

@@ -1,6 +1,7 @@
 """Hand-written decode kernels: prefill as in torch-compiled (StaticGPT2, a CUDA graph per prompt
 shape), each decode step five Triton kernels per layer (triton_kernels) captured into one CUDA
-graph, with attention that reads only the filled part of the cache."""
+graph, with attention that reads only the filled part of the cache; a greedy step adds one launch
+that picks the token from the LM head's per-program maxima and advances the step's inputs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.static_backend import CacheSlot, StaticCacheBackend
-from pipeline.runtime.triton_kernels import decode_attention, embed, fused_linear
+from pipeline.runtime.triton_kernels import argmax_partials, decode_attention, embed, fused_linear, greedy_advance
 
 
 class TritonBackend(StaticCacheBackend):
@@ -29,9 +30,21 @@ class TritonBackend(StaticCacheBackend):
                      "attention": torch.empty(batch, net.n_embd, dtype=dtype, device=self.device),
                      "hidden": torch.empty(batch, 4 * net.n_embd, dtype=dtype, device=self.device),
                      "logits": torch.empty(batch, self.vocab_size, **f32)}
+        partials = argmax_partials(batch, self.vocab_size, net.n_embd)  # greedy_step's argmax, in two stages
+        s.scratch.update(best=torch.empty(batch, partials, **f32),
+                         best_index=torch.empty(batch, partials, dtype=torch.int32, device=self.device),
+                         arrivals=torch.zeros(1, dtype=torch.int32, device=self.device))
         return s
 
-    def decode_step(self, s: CacheSlot) -> torch.Tensor:
+    def greedy_step(self, s: CacheSlot) -> None:
+        """As StaticCacheBackend.greedy_step, in one launch after the step's: the LM head leaves each
+        program's row maxima, and greedy_advance picks the token and moves every input on."""
+        b = s.scratch
+        self.decode_step(s, argmax=(b["best"], b["best_index"]))
+        greedy_advance(b["best"], b["best_index"], s.token, s.greedy_tokens, s.step, s.position, s.start,
+                       s.slot_mask, b["arrivals"])
+
+    def decode_step(self, s: CacheSlot, argmax: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         net, b = self.net, s.scratch
         x, q, attention, hidden = b["x"], b["q"], b["attention"], b["hidden"]
         embed(s.token, s.position, net.wte, net.wpe, x)
@@ -43,5 +56,5 @@ class TritonBackend(StaticCacheBackend):
             fused_linear(attention, net.proj_w[i], x, net.proj_b[i], residual=True)
             fused_linear(x, net.fc_w[i], hidden, net.fc_b[i], ln=(net.ln2_w[i], net.ln2_b[i], net.eps), gelu=True)
             fused_linear(hidden, net.fc2_w[i], x, net.fc2_b[i], residual=True)
-        fused_linear(x, net.wte, b["logits"], ln=(net.lnf_w, net.lnf_b, net.eps), n=self.vocab_size)
+        fused_linear(x, net.wte, b["logits"], ln=(net.lnf_w, net.lnf_b, net.eps), n=self.vocab_size, argmax=argmax)
         return b["logits"]

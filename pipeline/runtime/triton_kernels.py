@@ -14,7 +14,9 @@ cache writes, split-K reductions, attention), each a few microseconds. Here each
 
 The residual stream is kept in fp32 between kernels; weights, cache and activations that feed a
 matrix product are in the model's dtype. The step's slot is read from a device scalar, so one
-CUDA graph of these launches serves every step."""
+CUDA graph of these launches serves every step. For greedy decoding the LM head also leaves each
+program's row maxima and greedy_advance turns them into the next token and the next step's inputs,
+one more launch in place of the host's argmax and input copies."""
 
 from __future__ import annotations
 
@@ -44,13 +46,14 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
                          M, N, eps,
                          K: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
                          LN: tl.constexpr, BIAS: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr,
-                         QKV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                         QKV: tl.constexpr, DOT_PRECISION: tl.constexpr, best_ptr, best_index_ptr, ARGMAX: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     """out[M, N] = epilogue(LN?(x[M, K]) @ w[N, K]^T).
 
     LN: layer norm of each x row (statistics in fp32 from one pass over the row). RESIDUAL: out +=
     result (out holds the residual stream). QKV: columns [0, C) go to out (q), [C, 2C) and [2C, 3C)
-    to the k and v caches [B, H, T, D] at slot *slot_ptr.
+    to the k and v caches [B, H, T, D] at slot *slot_ptr. ARGMAX: also each row's largest value in
+    this program's columns and its column (the first, on ties) to best / best_index [M, programs along N].
     SPLIT_K > 1 (RESIDUAL only, out fp32): program_id(2) takes one K / SPLIT_K slice and adds its
     partial product into out atomically, so a narrow output still spreads over many programs. The
     order of those fp32 additions is not fixed, so results are not bit-identical from run to run."""
@@ -106,6 +109,12 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
             if RESIDUAL:
                 acc += tl.load(out, mask=inside, other=0.0).to(tl.float32)
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside)
+        if ARGMAX:
+            best, column = tl.max(tl.where(col_in[None, :], acc, float("-inf")), 1, return_indices=True,
+                                  return_indices_tie_break_left=True)
+            partial = rm * tl.num_programs(1) + tl.program_id(1)
+            tl.store(best_ptr + partial, best, mask=row_in)
+            tl.store(best_index_ptr + partial, tl.program_id(1) * BLOCK_N + column, mask=row_in)
 
 
 @triton.jit
@@ -143,6 +152,31 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
     tl.store(out_ptr + row * H * D + head * D + d, (acc / l_i).to(out_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, tokens_stride, step_ptr, position_ptr,
+                           start_ptr, slot_mask_ptr, arrivals_ptr, B, T, PARTIALS: tl.constexpr, BLOCK: tl.constexpr):
+    """For one row: the argmax of its logits from the LM head's per-program maxima (the first
+    column on ties, as torch.argmax); it becomes the row's next input token and
+    tokens[row, *step]; the row's position advances and its next slot is marked real. The last
+    row to arrive advances the shared start and step (every row has read them by then)."""
+    row = tl.program_id(0)
+    i = tl.arange(0, BLOCK)
+    best = tl.load(best_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=float("-inf"))
+    column = tl.load(best_index_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=0)
+    token = tl.sum(tl.where(i == tl.argmax(best, 0, tie_break_left=True), column, 0), 0).to(tl.int64)
+    step = tl.load(step_ptr)
+    start = tl.load(start_ptr)
+    tl.store(token_ptr + row, token)
+    tl.store(tokens_ptr + row * tokens_stride + step, token)
+    tl.store(position_ptr + row, tl.load(position_ptr + row) + 1)
+    if start + 1 < T:
+        tl.store(slot_mask_ptr + row * T + start + 1, 1)
+    if tl.atomic_add(arrivals_ptr, 1, sem="acq_rel") == B - 1:
+        tl.store(start_ptr, start + 1)
+        tl.store(step_ptr, step + 1)
+        tl.store(arrivals_ptr, 0)
+
+
 @dataclass(frozen=True)
 class LinearConfig:
     block_m: int
@@ -173,10 +207,12 @@ def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
 def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
                  ln: tuple[torch.Tensor, torch.Tensor, float] | None = None, gelu: bool = False,
                  residual: bool = False, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
-                 n: int | None = None, config: LinearConfig | None = None) -> None:
+                 n: int | None = None, config: LinearConfig | None = None,
+                 argmax: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """out = epilogue(LN?(x) @ w[:n]^T + bias). x [M, K] contiguous; w [>= n, K]; ln = (weight, bias,
     eps); qkv = (k_cache, v_cache, slot tensor, head_dim) routes the output as _fused_linear_kernel
-    describes. config overrides the tuned tiles (tests, tuning)."""
+    describes; argmax = (best fp32, best_index int32), each [M, argmax_partials(...)], gets each
+    program's row maxima (greedy_advance reduces them). config overrides the tuned tiles (tests, tuning)."""
     m, k = x.shape
     n = w.shape[0] if n is None else n
     cfg = config or linear_config(m, n, k, residual)
@@ -188,12 +224,16 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
     k_cache, v_cache, slot, head_dim = qkv if qkv is not None else (w, w, w, 16)
     c = n // 3 if qkv is not None else n
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
+    if argmax is not None and (cfg.split_k > 1 or residual or qkv is not None or argmax[0].shape != (m, grid[1])):
+        raise ValueError(f"argmax needs a plain product and buffers of shape {(m, grid[1])}")
+    best, best_index = argmax if argmax is not None else (w, w)
     _fused_linear_kernel[grid](
         x, w, bias if bias is not None else w, out, ln_w, ln_b,
         k_cache, v_cache, slot, k_cache.stride(0), k_cache.stride(1) if qkv is not None else 0,
         m, n, eps, K=k, C=c, D=head_dim,
         LN=ln is not None, BIAS=bias is not None, GELU=gelu, RESIDUAL=residual, QKV=qkv is not None,
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",  # fp32 stays exact (its 1e-5 budget)
+        best_ptr=best, best_index_ptr=best_index, ARGMAX=argmax is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
         num_warps=cfg.warps, num_stages=cfg.stages)
 
@@ -215,3 +255,20 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def embed(token: torch.Tensor, position: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor, x: torch.Tensor) -> None:
     c = x.shape[1]
     _embed_kernel[(x.shape[0],)](token, position, wte, wpe, x, C=c, BLOCK_C=triton.next_power_of_2(c))
+
+
+def argmax_partials(m: int, vocab: int, k: int) -> int:
+    """How many per-program maxima fused_linear(..., argmax=) writes per row for an LM head of this shape."""
+    return triton.cdiv(vocab, linear_config(m, vocab, k, residual=False).block_n)
+
+
+def greedy_advance(best: torch.Tensor, best_index: torch.Tensor, token: torch.Tensor, tokens: torch.Tensor,
+                   step: torch.Tensor, position: torch.Tensor, start: torch.Tensor, slot_mask: torch.Tensor,
+                   arrivals: torch.Tensor) -> None:
+    """The greedy step's tail in one launch (see _greedy_advance_kernel). best / best_index [B, P] from
+    fused_linear(..., argmax=); token / position [B, 1]; tokens [B, N]; step [1]; start a scalar;
+    slot_mask [B, T] bool; arrivals an int32 counter, zero between launches."""
+    batch, partials = best.shape
+    _greedy_advance_kernel[(batch,)](best, best_index, token, tokens, tokens.stride(0), step, position, start,
+                                     slot_mask, arrivals, batch, slot_mask.shape[1], PARTIALS=partials,
+                                     BLOCK=triton.next_power_of_2(partials))
