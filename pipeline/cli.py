@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -256,8 +257,10 @@ def generate(prompt: Annotated[list[str], typer.Argument(help="One or more promp
     rows: list[list[int]] = [[] for _ in prompts]
     text = lambda row: tokenizer.decode([t for t in row if t != tokenizer.eos_token_id])  # noqa: E731
     shown = ""
+    steps = Generator(engine, tokenizer.eos_token_id).stream(prompts, s)
+    first = next(steps)  # a bad request (an empty or too long prompt) fails here, before any output
     print(prompt[0], end="", flush=True)
-    for step in Generator(engine, tokenizer.eos_token_id).stream(prompts, s):
+    for step in itertools.chain([first], steps):
         for row, token in zip(rows, step.tolist()):
             row.append(token)
         # decode the whole row: one token can hold half of a multi-byte character

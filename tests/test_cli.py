@@ -72,6 +72,8 @@ def test_generate_streams_text_and_names_an_unavailable_backend(exported_run):
     assert result.output.startswith("Return the") and len(result.output.strip()) > len("Return the")
     result = runner.invoke(app, _stage_args("generate", cfg, run, "Hi", "--backend", "trt", "--precision", "fp16"))
     assert result.exit_code == 1 and "error: --backend trt --precision fp16:" in result.output
+    result = runner.invoke(app, _stage_args("generate", cfg, run, "Hi", "--max-new-tokens", "1000"))
+    assert result.exit_code == 1 and result.output.startswith("error: a prompt of 1 tokens plus max_new_tokens=1000")
 
 
 def test_validate_exits_non_zero_over_budget(exported_run, tmp_path):
