@@ -78,9 +78,8 @@ def device_memory_mib(device: torch.device) -> float:
 def token_times(gen: Generator, prompts: list[list[int]], s: Sampling, device: torch.device) -> list[float]:
     """Seconds from the call to each token being ready. On a GPU: a CUDA event after each token,
     read once at the end, so the loop runs as generation does (the host never waits per token)."""
-    if device.type != "cuda":
-        start = time.perf_counter()
-        return [time.perf_counter() - start for _ in gen.stream(prompts, s)]
+    if device.type != "cuda":  # the host clock: on a CPU it waits for every token anyway
+        return synced_token_times(gen, prompts, s, device)
     start, marks = torch.cuda.Event(enable_timing=True), []
     start.record()
     for _ in gen.stream(prompts, s):
