@@ -3,7 +3,10 @@ comparison with an earlier run that makes a slowdown visible as a regression."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+from pipeline.errors import UserError
 
 REGRESSION = 0.10  # a row 10% slower than before is flagged
 
@@ -62,6 +65,25 @@ def plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _is_bench_row(row) -> bool:
+    if not (isinstance(row, dict) and all(f in row for f in ("backend", "precision", "batch", "status"))):
+        return False
+    return row["status"] != "ok" or all(isinstance(row.get(f), (int, float)) for f in ("tokens_per_s", "decode_ms_p50"))
+
+
+def read_bench(path: Path) -> dict:
+    """An earlier bench.json for --compare, checked before the new run starts (not after it)."""
+    try:
+        old = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"--compare {path}: not a readable bench.json ({type(e).__name__})") from None
+    rows = old.get("rows") if isinstance(old, dict) else None
+    if not isinstance(rows, list) or not all(_is_bench_row(r) for r in rows):
+        raise UserError(f"--compare {path}: not a bench.json (it needs rows with backend, precision, batch, status, "
+                        "and tokens/s and p50 where ok); give one that gpt2-deploy bench wrote")
+    return old
 
 
 def compare(new: dict, old: dict) -> list[dict]:

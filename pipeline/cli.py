@@ -193,7 +193,7 @@ def bench_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = N
               compare: Annotated[Optional[Path], typer.Option(help="An earlier bench.json: print the change.")] = None) -> None:
     """Benchmark latency and throughput of every backend x precision x batch through the runtime."""
     from pipeline.bench import BenchSettings, bench
-    from pipeline.bench_report import compare as compare_runs
+    from pipeline.bench_report import compare as compare_runs, read_bench
     from pipeline.bench_report import markdown, plot
     from pipeline.runtime.loader import bench_matrix
 
@@ -204,12 +204,7 @@ def bench_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = N
         raise UserError(f"--batch {batch!r}: give comma-separated whole numbers, e.g. 1,8,64") from None
     if not batches or batches[0] < 1:
         raise UserError(f"--batch {batch!r}: batch sizes must be at least 1")
-    old = None
-    if compare is not None:
-        try:
-            old = json.loads(compare.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise UserError(f"--compare {compare}: not a readable bench.json ({type(e).__name__})") from None
+    old = read_bench(compare) if compare is not None else None
     settings = BenchSettings(batches, prompt_tokens, new_tokens, repeats, _pairs(bench_matrix(), backend, precision))
     result = bench(cfg, rundir, _device(device), settings)
     atomic_write_json(rundir.reports / "bench.json", result)

@@ -62,6 +62,9 @@ def test_bad_options_are_one_line(tmp_path):
     bad.write_text("not json")
     result = runner.invoke(app, ["bench", "--compare", str(bad)])
     assert result.exit_code == 1 and "not a readable bench.json" in result.output
+    bad.write_text('{"rows": 3}')  # JSON, but not a bench report: refused before the run, not after it
+    result = runner.invoke(app, ["bench", "--compare", str(bad)])
+    assert result.exit_code == 1 and "not a bench.json (it needs rows with backend" in result.output
 
 
 def test_a_filter_that_selects_nothing_is_refused(tmp_path):
