@@ -103,17 +103,18 @@ class StaticCacheBackend:
         GPU a step is one replay of a graph that also takes the argmax and advances the inputs, where
         forward() needs five small launches around its replay."""
         s = self.slot
-        s.token.copy_(token[:, None])
-        s.position.copy_(position)
-        s.start.fill_(slot)
-        s.step.zero_()
+
+        def set_inputs() -> None:
+            s.token.copy_(token[:, None])
+            s.position.copy_(position)
+            s.start.fill_(slot)
+            s.step.zero_()
+
+        set_inputs()
         s.slot_mask[:, slot] = True
         if self.cuda_graphs and s.greedy is None:
-            state = [t.clone() for t in (s.token, s.position, s.start)]
             s.greedy = capture(lambda: self.greedy_step(s), self.device)[0]
-            for live, saved in zip((s.token, s.position, s.start), state):  # capture's warm-up ran steps
-                live.copy_(saved)
-            s.step.zero_()
+            set_inputs()  # capture's warm-up ran steps from them
         for i in range(count):
             if self.cuda_graphs:
                 s.greedy.replay()
