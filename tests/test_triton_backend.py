@@ -26,20 +26,28 @@ PROMPTS = [list(range(3, 73)), [7, 8], list(range(40, 80, 2))]
 def model():
     torch.manual_seed(0)
     config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=512)
-    return GPT2LMHeadModel(config).eval()
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # a fresh model's layer norms are the identity, which would hide their gamma and beta
+        for name, p in model.named_parameters():
+            if ".ln_" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return model
 
 
 def decode_logits(backend, batch):
     """Prefill the batch, then one decode step; its logits [B, 1, V]."""
-    backend.reset(len(PROMPTS), batch.input_ids.shape[1] + 1)
+    rows = batch.input_ids.shape[0]
+    backend.reset(rows, batch.input_ids.shape[1] + 1)
     backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids, last_only=True)
-    mask = torch.cat([batch.attention_mask, torch.ones(len(PROMPTS), 1, dtype=torch.long)], 1)
-    return backend.forward(torch.tensor([[11], [12], [13]]), mask, batch.position_ids[:, -1:] + 1).clone()
+    mask = torch.cat([batch.attention_mask, torch.ones(rows, 1, dtype=torch.long)], 1)
+    return backend.forward(torch.arange(11, 11 + rows)[:, None], mask, batch.position_ids[:, -1:] + 1).clone()
 
 
+# one row takes the row-product kernels, several the tensor-core tiles (triton_kernels.linear_config)
+@pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("precision, budget", [("fp32", 1e-5), ("fp16", 5e-3)])
-def test_decode_step_matches_static_gpt2(model, precision, budget):
-    batch = left_pad(PROMPTS, 0, torch.device("cpu"))
+def test_decode_step_matches_static_gpt2(model, precision, budget, rows):
+    batch = left_pad(PROMPTS[:rows], 0, torch.device("cpu"))
     reference = decode_logits(TorchCompiledBackend(model, "fp32", "cpu", compile=False), batch)
     fused = decode_logits(TritonBackend(model, precision, "cpu"), batch)
     assert compare_logits(fused, reference)["rel_error"] < budget
@@ -57,15 +65,28 @@ def test_a_head_size_the_kernels_cannot_hold_is_refused():
         TritonBackend(odd, "fp32", "cpu")
 
 
-@pytest.mark.parametrize("split_k", [1, 2, 4])
-def test_split_k_adds_each_slice_and_the_bias_once(split_k):
+@pytest.mark.parametrize("block_m", [1, 16])  # row products (K slices of 96, 48 and 32: masked past 48), tiles
+@pytest.mark.parametrize("split_k", [1, 2, 3])
+def test_split_k_adds_each_slice_and_the_bias_once(split_k, block_m):
     from pipeline.runtime.triton_kernels import LinearConfig, fused_linear
     torch.manual_seed(1)
-    x, w, bias = torch.randn(3, 128), torch.randn(48, 128), torch.randn(48)
+    x, w, bias = torch.randn(3, 96), torch.randn(48, 96), torch.randn(48)
     residual = torch.randn(3, 48)
     out = residual.clone()
-    fused_linear(x, w, out, bias, residual=True, config=LinearConfig(16, 16, 32, split_k))
+    fused_linear(x, w, out, bias, residual=True, config=LinearConfig(block_m, 16, 16, split_k))
     torch.testing.assert_close(out, residual + x @ w.T + bias, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("block_m", [1, 16])  # row products; tiles walking K in three 32-wide chunks
+def test_layer_norm_and_gelu_over_several_k_chunks(block_m):
+    from pipeline.runtime.triton_kernels import LinearConfig, fused_linear
+    torch.manual_seed(3)
+    x, w, bias = 3.0 + 2.0 * torch.randn(5, 96), torch.randn(40, 96) / 10, torch.randn(40)
+    gamma, beta = 1.0 + torch.randn(96) / 5, torch.randn(96) / 5
+    out = torch.empty(5, 40)
+    fused_linear(x, w, out, bias, ln=(gamma, beta, 1e-5), gelu=True, config=LinearConfig(block_m, 16, 32))
+    normed = torch.nn.functional.layer_norm(x, (96,), gamma, beta, 1e-5)
+    torch.testing.assert_close(out, torch.nn.functional.gelu(normed @ w.T + bias, approximate="tanh"), rtol=1e-5, atol=1e-5)
 
 
 def test_split_k_needs_a_residual_fp32_output():
@@ -74,24 +95,30 @@ def test_split_k_needs_a_residual_fp32_output():
         fused_linear(torch.randn(1, 64), torch.randn(16, 64), torch.empty(1, 16), config=LinearConfig(16, 16, 32, 2))
 
 
-@pytest.mark.parametrize("block_t", [16, 64])
-def test_attention_over_several_cache_blocks(block_t):
-    """The online softmax across blocks (BLOCK_T smaller than the filled cache) equals one softmax
-    over the live slots; padding slots and slots past the step's are left out."""
-    from pipeline.runtime.triton_kernels import decode_attention
+@pytest.mark.parametrize("splits", [1, 2, 3, 4])
+@pytest.mark.parametrize("block_t", [8, 64])
+def test_attention_over_several_blocks_and_splits(block_t, splits):
+    """The online softmax across blocks (BLOCK_T smaller than a program's share) and the merge of
+    the split programs' partials equal one softmax over the live slots; padding slots and slots past
+    the step's are left out, and the arrival counters are left at zero for the next launch."""
+    from pipeline.runtime.triton_kernels import AttentionConfig, attention_partials, decode_attention
     torch.manual_seed(2)
     b, h, t, d, slot = 2, 2, 64, 16, 40
     q, k, v = torch.randn(b, h * d), torch.randn(b, h, t, d), torch.randn(b, h, t, d)
     mask = torch.ones(b, t, dtype=torch.bool)
     mask[1, :25] = False  # row 1 is left-padded
-    out = torch.empty(b, h * d)
-    decode_attention(q, k, v, mask, torch.tensor(slot), out, config=(block_t, 4))
+    out, arrivals = torch.empty(b, h * d), torch.zeros(b, h, dtype=torch.int32)
+    config = AttentionConfig(splits, warps=4, block_t=block_t)
+    partial = torch.empty(attention_partials(b, h, d, config))
+    decode_attention(q, k, v, mask, torch.tensor(slot), out, partial, arrivals, config=config)
     live = (mask & (torch.arange(t) <= slot))[:, None, None, :]
     expected = torch.nn.functional.scaled_dot_product_attention(q.view(b, h, 1, d), k, v, attn_mask=live)
     torch.testing.assert_close(out, expected.reshape(b, h * d), rtol=1e-5, atol=1e-5)
+    assert not arrivals.any()
 
 
-def test_greedy_advance_takes_the_first_largest_column_and_moves_the_inputs_on():
+@pytest.mark.parametrize("block_m", [1, 16])
+def test_greedy_advance_takes_the_first_largest_column_and_moves_the_inputs_on(block_m):
     """The LM head's per-program maxima reduce to torch.argmax (first column on ties, across programs);
     the token, its column of the output, the position, the slot mask, start and step all advance."""
     from pipeline.runtime.triton_kernels import LinearConfig, fused_linear, greedy_advance
@@ -100,7 +127,7 @@ def test_greedy_advance_takes_the_first_largest_column_and_moves_the_inputs_on()
     x[0] = 1.0
     w[10] = w[70] = 1.0  # row 0: a tie between columns 10 and 70, seven programs apart
     logits, best, best_index = torch.empty(3, 100), torch.empty(3, 7), torch.empty(3, 7, dtype=torch.int32)
-    fused_linear(x, w, logits, argmax=(best, best_index), config=LinearConfig(16, 16, 32))
+    fused_linear(x, w, logits, argmax=(best, best_index), config=LinearConfig(block_m, 16, 32))
     token, tokens, position = torch.zeros(3, 1, dtype=torch.long), torch.zeros(3, 4, dtype=torch.long), torch.tensor([[4], [2], [7]])
     step, start, slot_mask, arrivals = torch.tensor([2]), torch.tensor(5), torch.zeros(3, 8, dtype=torch.bool), torch.zeros(1, dtype=torch.int32)
     greedy_advance(best, best_index, token, tokens, step, position, start, slot_mask, arrivals)

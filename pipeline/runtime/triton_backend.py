@@ -9,7 +9,14 @@ import torch
 
 from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.static_backend import CacheSlot, StaticCacheBackend
-from pipeline.runtime.triton_kernels import argmax_partials, decode_attention, embed, fused_linear, greedy_advance
+from pipeline.runtime.triton_kernels import (
+    argmax_partials,
+    attention_partials,
+    decode_attention,
+    embed,
+    fused_linear,
+    greedy_advance,
+)
 
 
 class TritonBackend(StaticCacheBackend):
@@ -33,7 +40,9 @@ class TritonBackend(StaticCacheBackend):
         partials = argmax_partials(batch, self.vocab_size, net.n_embd)  # greedy_step's argmax, in two stages
         s.scratch.update(best=torch.empty(batch, partials, **f32),
                          best_index=torch.empty(batch, partials, dtype=torch.int32, device=self.device),
-                         arrivals=torch.zeros(1, dtype=torch.int32, device=self.device))
+                         arrivals=torch.zeros(1, dtype=torch.int32, device=self.device),
+                         attention_partial=torch.empty(attention_partials(batch, net.n_head, net.head_dim), **f32),
+                         attention_arrivals=torch.zeros(batch, net.n_head, dtype=torch.int32, device=self.device))
         return s
 
     def greedy_step(self, s: CacheSlot) -> None:
@@ -52,7 +61,8 @@ class TritonBackend(StaticCacheBackend):
             keys, values = s.cache[2 * i], s.cache[2 * i + 1]
             fused_linear(x, net.qkv_w[i], q, net.qkv_b[i], ln=(net.ln1_w[i], net.ln1_b[i], net.eps),
                          qkv=(keys, values, s.start, net.head_dim))
-            decode_attention(q, keys, values, s.slot_mask, s.start, attention)
+            decode_attention(q, keys, values, s.slot_mask, s.start, attention, b["attention_partial"],
+                             b["attention_arrivals"])
             fused_linear(attention, net.proj_w[i], x, net.proj_b[i], residual=True)
             fused_linear(x, net.fc_w[i], hidden, net.fc_b[i], ln=(net.ln2_w[i], net.ln2_b[i], net.eps), gelu=True)
             fused_linear(hidden, net.fc2_w[i], x, net.fc2_b[i], residual=True)

@@ -8,11 +8,14 @@ cache writes, split-K reductions, attention), each a few microseconds. Here each
    static cache at the step's slot;
 2. decode_attention: one query per (row, head) against the cache with an online softmax, reading
    only the slots up to the step's slot (the filled part of the cache), whatever the cache length;
+   at small batch each (row, head) is split over several programs whose last one merges them;
 3. fused_linear(attention -> proj, bias, += residual);
 4. fused_linear(LN2 -> fc, bias, GELU);
 5. fused_linear(fc -> proj, bias, += residual).
 
-The residual stream is kept in fp32 between kernels; weights, cache and activations that feed a
+fused_linear runs one row as row products (each program a few output columns, its whole K slice
+loaded at once: at batch 1 what counts is how many weight bytes are in flight) and more rows as
+narrow tensor-core tiles. The residual stream is kept in fp32 between kernels; weights, cache and activations that feed a
 matrix product are in the model's dtype. The step's slot is read from a device scalar, so one
 CUDA graph of these launches serves every step. For greedy decoding the LM head also leaves each
 program's row maxima and greedy_advance turns them into the next token and the next step's inputs,
@@ -41,25 +44,10 @@ def _embed_kernel(token_ptr, position_ptr, wte_ptr, wpe_ptr, x_ptr, C: tl.conste
 
 
 @triton.jit
-def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
-                         k_cache_ptr, v_cache_ptr, slot_ptr, cache_row_stride, cache_head_stride,
-                         M, N, eps,
-                         K: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
-                         LN: tl.constexpr, BIAS: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr,
-                         QKV: tl.constexpr, DOT_PRECISION: tl.constexpr, best_ptr, best_index_ptr, ARGMAX: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    """out[M, N] = epilogue(LN?(x[M, K]) @ w[N, K]^T).
-
-    LN: layer norm of each x row (statistics in fp32 from one pass over the row). RESIDUAL: out +=
-    result (out holds the residual stream). QKV: columns [0, C) go to out (q), [C, 2C) and [2C, 3C)
-    to the k and v caches [B, H, T, D] at slot *slot_ptr. ARGMAX: also each row's largest value in
-    this program's columns and its column (the first, on ties) to best / best_index [M, programs along N].
-    SPLIT_K > 1 (RESIDUAL only, out fp32): program_id(2) takes one K / SPLIT_K slice and adds its
-    partial product into out atomically, so a narrow output still spreads over many programs. The
-    order of those fp32 additions is not fixed, so results are not bit-identical from run to run."""
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_in, col_in = rm < M, rn < N
+def _tile_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, rm, rn, row_in, col_in, eps, K: tl.constexpr, LN: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  SPLIT_K: tl.constexpr):
+    """LN?(x[rm]) @ w[rn]^T over this program's K slice, as tensor-core tiles walked along K."""
     if LN:
         # one pass, unrolled, so the row's loads are all in flight at once: a loop of dependent
         # loads here would cost a memory latency per chunk in a kernel that is all latency
@@ -85,6 +73,56 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
             x = (x.to(tl.float32) - mean[:, None]) * rstd[:, None] * gamma[None, :] + beta[None, :]
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
         acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
+def _row_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, row, rn, col_in, eps, K: tl.constexpr, LN: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """LN?(x[row]) @ w[rn]^T over this program's K slice, [1, BLOCK_N], in CUDA-core FMAs with the
+    whole slice in one load (BLOCK_K >= K / SPLIT_K). For one row a step reads each weight once and
+    does almost no arithmetic, so what counts is how many of its bytes are in flight: all of them,
+    requested before the layer norm waits on x, rather than a few K tiles at a time."""
+    k_slice = tl.program_id(2) * (K // SPLIT_K)
+    rk = k_slice + tl.arange(0, BLOCK_K)
+    k_in = rk < k_slice + K // SPLIT_K
+    w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
+    x = tl.load(x_ptr + row * K + rk, mask=k_in, other=0.0).to(tl.float32)
+    if LN:  # SPLIT_K is 1 here: the slice is the whole row
+        mean = tl.sum(x, 0) / K
+        rstd = 1.0 / tl.sqrt(tl.maximum(tl.sum(x * x, 0) / K - mean * mean, 0.0) + eps)
+        gamma = tl.load(ln_w_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
+        beta = tl.load(ln_b_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
+        x = (x - mean) * rstd * gamma + beta
+    return tl.sum(w.to(tl.float32) * x[None, :], 1)[None, :]
+
+
+@triton.jit
+def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
+                         k_cache_ptr, v_cache_ptr, slot_ptr, cache_row_stride, cache_head_stride,
+                         M, N, eps,
+                         K: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
+                         LN: tl.constexpr, BIAS: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr,
+                         QKV: tl.constexpr, DOT_PRECISION: tl.constexpr, best_ptr, best_index_ptr, ARGMAX: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """out[M, N] = epilogue(LN?(x[M, K]) @ w[N, K]^T), as tensor-core tiles or, BLOCK_M 1, one row
+    per program in row products (_tile_product, _row_product).
+
+    LN: layer norm of each x row (statistics in fp32 from one pass over the row). RESIDUAL: out +=
+    result (out holds the residual stream). QKV: columns [0, C) go to out (q), [C, 2C) and [2C, 3C)
+    to the k and v caches [B, H, T, D] at slot *slot_ptr. ARGMAX: also each row's largest value in
+    this program's columns and its column (the first, on ties) to best / best_index [M, programs along N].
+    SPLIT_K > 1 (RESIDUAL only, out fp32): program_id(2) takes one K / SPLIT_K slice and adds its
+    partial product into out atomically, so a narrow output still spreads over many programs. The
+    order of those fp32 additions is not fixed, so results are not bit-identical from run to run."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_in, col_in = rm < M, rn < N
+    if BLOCK_M == 1:
+        acc = _row_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, tl.program_id(0), rn, col_in, eps, K, LN, BLOCK_K, SPLIT_K)
+    else:
+        acc = _tile_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, rm, rn, row_in, col_in, eps, K, LN, DOT_PRECISION,
+                            BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
     if BIAS:
         if tl.program_id(2) == 0:  # one K slice adds the bias
             acc += tl.load(b_ptr + rn, mask=col_in, other=0.0).to(tl.float32)[None, :]
@@ -118,25 +156,35 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
 
 
 @triton.jit
-def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slot_ptr, out_ptr,
+def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slot_ptr, out_ptr, partial_ptr, arrivals_ptr,
                              cache_row_stride, cache_head_stride, scale,
-                             T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr):
+                             T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+                             SHARE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
     """out[row, head] = softmax(q . k[t] * scale over live slots t) . v, for t <= slot whose
-    slot_mask is set (the query's own slot always counts). Blocks past the slot are skipped."""
+    slot_mask is set (the query's own slot always counts): only the filled part of the cache is read.
+
+    SPLITS > 1 (flash-decoding): program_id(2) takes the slots [SHARE * i, SHARE * (i + 1)) and
+    leaves its running max, sum and weighted values in partial [B, H, SPLITS, D + 2]; the last of a
+    (row, head)'s programs to finish, counted in arrivals [B, H] (left zeroed), merges them, so the
+    merge costs no launch. Shares are fixed slices of the cache rather than equal parts of the
+    filled slots: a program past the step's slot has nothing to do, but every load's alignment is
+    known at compile time (equal parts of the filled slots measured 3-4% slower per step)."""
     row = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + row * H * D + head * D + d).to(tl.float32) * scale
     slot = tl.load(slot_ptr)
+    lo = tl.program_id(2) * SHARE
     cache = row * cache_row_stride + head * cache_head_stride
     # -1e30 rather than -inf: a block with no live slot then adds exp(-inf) = 0, never inf - inf
     m_i = tl.zeros((1,), tl.float32) - 1e30
     l_i = tl.zeros((1,), tl.float32)
     acc = tl.zeros((D,), tl.float32)
-    for t0 in range(0, T, BLOCK_T):
+    for j in range(tl.cdiv(SHARE, BLOCK_T)):
+        t0 = lo + j * BLOCK_T
         if t0 <= slot:
             t = t0 + tl.arange(0, BLOCK_T)
-            filled = t <= slot
+            filled = (t <= slot) & (t < lo + SHARE)
             real = tl.load(slot_mask_ptr + row * T + t, mask=filled, other=0) != 0
             live = filled & (real | (t == slot))
             offsets = cache + t[:, None] * D + d[None, :]
@@ -149,7 +197,26 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
             acc = acc * alpha + tl.sum(p[:, None] * v, 0)
             l_i = l_i * alpha + tl.sum(p, 0)
             m_i = m_new
-    tl.store(out_ptr + row * H * D + head * D + d, (acc / l_i).to(out_ptr.dtype.element_ty))
+    out = out_ptr + row * H * D + head * D + d
+    if SPLITS == 1:
+        tl.store(out, (acc / l_i).to(out_ptr.dtype.element_ty))
+    else:
+        pair = row * H + head
+        mine = partial_ptr + (pair * SPLITS + tl.program_id(2)) * (D + 2)
+        tl.store(mine + d, acc)
+        tl.store(mine + D + tl.arange(0, 1), m_i)
+        tl.store(mine + D + 1 + tl.arange(0, 1), l_i)
+        tl.debug_barrier()  # every thread's stores above come before the release below
+        if tl.atomic_add(arrivals_ptr + pair, 1, sem="acq_rel") == SPLITS - 1:
+            tl.debug_barrier()  # and the acquire before any thread's loads of the others' partials
+            tl.store(arrivals_ptr + pair, 0)
+            i = tl.arange(0, BLOCK_S)
+            parts = partial_ptr + (pair * SPLITS + i) * (D + 2)
+            m = tl.load(parts + D, mask=i < SPLITS, other=-float("inf"))
+            weight = tl.exp(m - tl.max(m, 0))
+            total = tl.sum(tl.load(parts + D + 1, mask=i < SPLITS, other=0.0) * weight, 0)
+            values = tl.load(parts[:, None] + d[None, :], mask=(i < SPLITS)[:, None], other=0.0)
+            tl.store(out, (tl.sum(values * weight[:, None], 0) / total).to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -189,9 +256,15 @@ class LinearConfig:
 
 def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
     """Tile sizes for one fused linear, chosen by timing every GPT-2 124M shape at batch 1, 8 and 64
-    on an H200 (artifacts/results/decode_notes_h200.md has the sweep). A decode step's matrices are
-    far too small to fill 132 multiprocessors with big tiles: narrow tiles and, where the epilogue
-    is a plain sum (the residual projections), split K, so that each launch runs 70 to 400 programs."""
+    on an H200 (artifacts/results/decode_notes_h200.md has the sweeps). A decode step's matrices are
+    far too small to fill 132 multiprocessors with big tiles. One row (batch 1) takes row products:
+    4-8 output columns per program, 300 to 6,000 programs, each loading its whole K slice at once.
+    More rows take narrow tensor-core tiles and, where the epilogue is a plain sum (the residual
+    projections), split K, so that each launch runs 70 to 400 programs."""
+    if m == 1:
+        if residual:  # K slices of 64-256: 1.2-1.4x faster than whole rows
+            return LinearConfig(1, 8, 0, max((s for s in (2, 3, 4, 6, 8, 12) if k % s == 0 and k // s >= 64), default=1))
+        return LinearConfig(1, 8, 0, warps=2) if n > 8192 else LinearConfig(1, 4, 0)
     block_k = min(128, triton.next_power_of_2(k))
     small = m <= 16
     if residual:
@@ -200,7 +273,7 @@ def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
             return LinearConfig(16, 16, block_k, split, warps=4)
         return LinearConfig(64 if k > 1024 else 32, 32, block_k, split, warps=4)
     if n > 8192:  # the LM head
-        return LinearConfig(16 if small else 64, 128, block_k, warps=8)
+        return LinearConfig(16, 128, block_k, warps=8) if small else LinearConfig(64, 256, 64, warps=8, stages=4)
     return LinearConfig(16, 32 if small else 128, block_k, warps=8)
 
 
@@ -216,8 +289,11 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
     m, k = x.shape
     n = w.shape[0] if n is None else n
     cfg = config or linear_config(m, n, k, residual)
-    block_k = min(cfg.block_k, triton.next_power_of_2(k))
-    if cfg.split_k > 1 and not (residual and out.dtype == torch.float32 and k % (cfg.split_k * block_k) == 0):
+    if cfg.block_m == 1:  # row products: each program loads its whole K slice, so block_k is not a choice
+        block_k, k_step = triton.next_power_of_2(k // cfg.split_k), 1
+    else:
+        block_k = k_step = min(cfg.block_k, triton.next_power_of_2(k))
+    if cfg.split_k > 1 and not (residual and out.dtype == torch.float32 and k % (cfg.split_k * k_step) == 0):
         raise ValueError(f"split_k={cfg.split_k} needs a residual fp32 output and K ({k}) a multiple of split_k * block_k")
     # a pointer argument the kernel's flags leave unused still needs a tensor: w stands in
     ln_w, ln_b, eps = ln if ln is not None else (w, w, 0.0)
@@ -238,18 +314,43 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
         num_warps=cfg.warps, num_stages=cfg.stages)
 
 
-ATTENTION_BLOCK_T, ATTENTION_WARPS = 256, 8  # best at batch 1, 8 and 64 (61 registers, no spills)
+@dataclass(frozen=True)
+class AttentionConfig:
+    splits: int  # programs per (row, head), each over its share of the filled slots
+    warps: int
+    block_t: int = 256  # slots per step of a program's walk over its share (at most)
+
+
+def attention_config(batch: int) -> AttentionConfig:
+    """Chosen by timing the whole decode step at batch 1, 8 and 64 on an H200 (decode_notes_h200.md):
+    a few rows leave most multiprocessors idle unless each head's cache walk is split."""
+    if batch <= 4:
+        return AttentionConfig(splits=8, warps=4)
+    return AttentionConfig(splits=1, warps=8) if batch <= 16 else AttentionConfig(splits=4, warps=2)
+
+
+def attention_partials(batch: int, heads: int, head_dim: int, config: AttentionConfig | None = None) -> torch.Size:
+    """The shape of decode_attention's partial buffer for this batch (fp32)."""
+    return torch.Size((batch, heads, (config or attention_config(batch)).splits, head_dim + 2))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mask: torch.Tensor,
-                     slot: torch.Tensor, out: torch.Tensor, config: tuple[int, int] | None = None) -> None:
-    """q/out [B, H * D]; caches [B, H, T, D] contiguous; slot_mask [B, T]; slot a device scalar.
-    config = (BLOCK_T, warps) overrides the tuned one."""
+                     slot: torch.Tensor, out: torch.Tensor, partial: torch.Tensor, arrivals: torch.Tensor,
+                     config: AttentionConfig | None = None) -> None:
+    """q/out [B, H * D]; caches [B, H, T, D] contiguous; slot_mask [B, T]; slot a device scalar;
+    partial fp32 of attention_partials(...) and arrivals int32 [B, H] zeros, the split programs'
+    meeting place (see _decode_attention_kernel). config overrides the tuned one."""
     batch, heads, length, head_dim = k_cache.shape
-    block_t, warps = config or (ATTENTION_BLOCK_T, ATTENTION_WARPS)
-    _decode_attention_kernel[(batch, heads)](
-        q, k_cache, v_cache, slot_mask, slot, out, k_cache.stride(0), k_cache.stride(1), head_dim ** -0.5,
-        T=length, H=heads, D=head_dim, BLOCK_T=min(block_t, triton.next_power_of_2(length)), num_warps=warps)
+    cfg = config or attention_config(batch)
+    if partial.shape != attention_partials(batch, heads, head_dim, cfg):
+        raise ValueError(f"partial is {tuple(partial.shape)}; this batch and config need "
+                         f"{tuple(attention_partials(batch, heads, head_dim, cfg))}")
+    share = triton.cdiv(length, cfg.splits)
+    _decode_attention_kernel[(batch, heads, cfg.splits)](
+        q, k_cache, v_cache, slot_mask, slot, out, partial, arrivals, k_cache.stride(0), k_cache.stride(1),
+        head_dim ** -0.5, T=length, H=heads, D=head_dim,
+        BLOCK_T=min(cfg.block_t, triton.next_power_of_2(share)), SHARE=share, SPLITS=cfg.splits,
+        BLOCK_S=triton.next_power_of_2(cfg.splits), num_warps=cfg.warps)
 
 
 def embed(token: torch.Tensor, position: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor, x: torch.Tensor) -> None:
