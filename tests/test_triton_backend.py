@@ -86,7 +86,8 @@ def test_layer_norm_and_gelu_over_several_k_chunks(block_m):
     out = torch.empty(5, 40)
     fused_linear(x, w, out, bias, ln=(gamma, beta, 1e-5), gelu=True, config=LinearConfig(block_m, 16, 32))
     normed = torch.nn.functional.layer_norm(x, (96,), gamma, beta, 1e-5)
-    torch.testing.assert_close(out, torch.nn.functional.gelu(normed @ w.T + bias, approximate="tanh"), rtol=1e-5, atol=1e-5)
+    expected = torch.nn.functional.gelu(normed @ w.T + bias, approximate="tanh")
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_split_k_needs_a_residual_fp32_output():

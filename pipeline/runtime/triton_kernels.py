@@ -15,8 +15,8 @@ cache writes, split-K reductions, attention), each a few microseconds. Here each
 
 fused_linear runs one row as row products (each program a few output columns, its whole K slice
 loaded at once: at batch 1 what counts is how many weight bytes are in flight) and more rows as
-narrow tensor-core tiles. The residual stream is kept in fp32 between kernels; weights, cache and activations that feed a
-matrix product are in the model's dtype. The step's slot is read from a device scalar, so one
+narrow tensor-core tiles. The residual stream is kept in fp32 between kernels; weights, cache and
+activations that feed a matrix product are in the model's dtype. The step's slot is read from a device scalar, so one
 CUDA graph of these launches serves every step. For greedy decoding the LM head also leaves each
 program's row maxima and greedy_advance turns them into the next token and the next step's inputs,
 one more launch in place of the host's argmax and input copies."""
@@ -156,8 +156,8 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
 
 
 @triton.jit
-def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slot_ptr, out_ptr, partial_ptr, arrivals_ptr,
-                             cache_row_stride, cache_head_stride, scale,
+def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slot_ptr, out_ptr,
+                             partial_ptr, arrivals_ptr, cache_row_stride, cache_head_stride, scale,
                              T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
                              SHARE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
     """out[row, head] = softmax(q . k[t] * scale over live slots t) . v, for t <= slot whose
@@ -263,7 +263,8 @@ def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
     (the residual projections), split K, so that each launch runs 70 to 400 programs."""
     if m == 1:
         if residual:  # K slices of 64-256 (768 / 12, 3072 / 12): among the sweep's best for both projections
-            return LinearConfig(1, 8, 0, max((s for s in (2, 3, 4, 6, 8, 12) if k % s == 0 and k // s >= 64), default=1))
+            split = max((s for s in (2, 3, 4, 6, 8, 12) if k % s == 0 and k // s >= 64), default=1)
+            return LinearConfig(1, 8, 0, split)
         return LinearConfig(1, 8, 0, warps=2) if n > 8192 else LinearConfig(1, 4, 0)
     block_k = min(128, triton.next_power_of_2(k))
     small = m <= 16
@@ -293,8 +294,11 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
         block_k, k_step = triton.next_power_of_2(k // cfg.split_k), 1
     else:
         block_k = k_step = min(cfg.block_k, triton.next_power_of_2(k))
-    if cfg.split_k > 1 and not (residual and out.dtype == torch.float32 and k % (cfg.split_k * k_step) == 0):
-        raise ValueError(f"split_k={cfg.split_k} needs a residual fp32 output and K ({k}) a multiple of split_k * block_k")
+    splittable = residual and ln is None and out.dtype == torch.float32 and k % (cfg.split_k * k_step) == 0
+    if cfg.split_k > 1 and not splittable:
+        # a layer norm needs whole rows: a row product over a K slice would take its statistics from the slice
+        raise ValueError(f"split_k={cfg.split_k} needs a residual fp32 output, no layer norm, and K ({k}) a multiple "
+                         "of split_k * block_k")
     # a pointer argument the kernel's flags leave unused still needs a tensor: w stands in
     ln_w, ln_b, eps = ln if ln is not None else (w, w, 0.0)
     k_cache, v_cache, slot, head_dim = qkv if qkv is not None else (w, w, w, 16)
@@ -342,9 +346,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     meeting place (see _decode_attention_kernel). config overrides the tuned one."""
     batch, heads, length, head_dim = k_cache.shape
     cfg = config or attention_config(batch)
-    if partial.shape != attention_partials(batch, heads, head_dim, cfg):
-        raise ValueError(f"partial is {tuple(partial.shape)}; this batch and config need "
-                         f"{tuple(attention_partials(batch, heads, head_dim, cfg))}")
+    needed = attention_partials(batch, heads, head_dim, cfg)
+    if partial.shape != needed:
+        raise ValueError(f"partial is {tuple(partial.shape)}; this batch and config need {tuple(needed)}")
     share = triton.cdiv(length, cfg.splits)
     _decode_attention_kernel[(batch, heads, cfg.splits)](
         q, k_cache, v_cache, slot_mask, slot, out, partial, arrivals, k_cache.stride(0), k_cache.stride(1),
