@@ -1,6 +1,8 @@
 """The generation runtime: sampling, the generator's padding/stop/limit rules, and the static-cache
 PyTorch backend against the Hugging Face reference."""
 
+import copy
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from pipeline.config import load_config
 from pipeline.runtime.generate import Generator, left_pad
 from pipeline.runtime.kv_buffers import PingPongKV
 from pipeline.runtime.sampling import Sampling, apply_repetition_penalty, filter_top_k_top_p, next_tokens
+from pipeline.runtime.static_gpt2 import StaticGPT2
 from pipeline.runtime.torch_compiled import TorchCompiledBackend
 from pipeline.runtime.torch_eager import TorchEagerBackend
 from pipeline.metrics import compare_logits
@@ -96,6 +99,23 @@ def test_static_cache_backend_matches_the_reference(model):
     assert Generator(static).generate(PROMPTS, s) == free  # through its greedy_steps: argmax fed back in place
     stopped = Sampling(max_new_tokens=20, stop_tokens=(free[1][3],))
     assert Generator(static).generate(PROMPTS, stopped) == Generator(eager).generate(PROMPTS, stopped)
+
+
+def test_folded_layer_norms_compute_the_same_function(model):
+    """StaticGPT2(fold_layer_norms=True) moves each norm's weight and bias into the product after it
+    (the LM head gets its own copy of the tied embedding); the logits stay those of the model."""
+    perturbed = copy.deepcopy(model)
+    with torch.no_grad():  # a fresh model's norms are the identity, which any fold would pass
+        for name, p in perturbed.named_parameters():
+            if ".ln_" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    batch = left_pad(PROMPTS, 0, torch.device("cpu"))
+    plain, folded = (StaticGPT2(perturbed, torch.float32, fold) for fold in (False, True))
+    logits = [net(batch.input_ids, batch.position_ids, batch.attention_mask.bool(), 0, net.new_cache(3, 6))
+              for net in (plain, folded)]
+    assert compare_logits(logits[1], logits[0], batch.attention_mask)["rel_error"] < 1e-5
+    assert folded.head_w is not folded.wte and plain.head_w is plain.wte
+    assert not torch.allclose(folded.qkv_w, plain.qkv_w) and torch.equal(folded.ln1_w, torch.ones_like(plain.ln1_w))
 
 
 @pytest.mark.parametrize("make", [TorchEagerBackend, lambda m: TorchCompiledBackend(m, "fp32", "cpu", compile=False)],

@@ -88,6 +88,17 @@ def test_layer_norm_and_gelu_over_several_k_chunks(block_m):
     normed = torch.nn.functional.layer_norm(x, (96,), gamma, beta, 1e-5)
     expected = torch.nn.functional.gelu(normed @ w.T + bias, approximate="tanh")
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    # the norm without its weight and bias, those folded into the product (as StaticGPT2 folds them)
+    folded = torch.empty(5, 40)
+    fused_linear(x, w * gamma, folded, bias + w @ beta, ln=(None, None, 1e-5), gelu=True,
+                 config=LinearConfig(block_m, 16, 32))
+    torch.testing.assert_close(folded, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_norm_takes_both_its_weight_and_bias_or_neither():
+    from pipeline.runtime.triton_kernels import fused_linear
+    with pytest.raises(ValueError, match="both its weight and its bias"):
+        fused_linear(torch.randn(1, 64), torch.randn(16, 64), torch.empty(1, 16), ln=(torch.ones(64), None, 1e-5))
 
 
 def test_split_k_needs_a_residual_fp32_output():

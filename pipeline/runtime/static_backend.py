@@ -58,11 +58,12 @@ def capture(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch
 
 class StaticCacheBackend:
     name: str
+    fold_layer_norms = False  # StaticGPT2's option: for kernels that fuse each norm into the product after it
 
     def __init__(self, model: GPT2LMHeadModel, precision: str, device: str | torch.device, cuda_graphs: bool | None = None):
         self.precision, self.device = precision, torch.device(device)
         self.n_positions, self.vocab_size = model.config.n_positions, model.config.vocab_size
-        self.net = StaticGPT2(model, TORCH_DTYPES[precision]).to(self.device).eval()
+        self.net = StaticGPT2(model, TORCH_DTYPES[precision], self.fold_layer_norms).to(self.device).eval()
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.slots: dict[tuple[int, int], CacheSlot] = {}
         self.slot: CacheSlot | None = None

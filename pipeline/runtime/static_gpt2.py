@@ -17,26 +17,50 @@ from transformers import GPT2LMHeadModel
 VOCAB_ALIGN = 64
 
 
+def fold_layer_norm(w: torch.Tensor, b: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor):
+    """The layer norm's affine part folded into the linear layer after it (w [..., N, K], b [..., N],
+    gamma and beta [..., K]): (n * gamma + beta) @ w^T + b == n @ (w * gamma)^T + (w @ beta + b)."""
+    return w * gamma[..., None, :], b + (w @ beta[..., :, None])[..., 0]
+
+
 class StaticGPT2(torch.nn.Module):
-    def __init__(self, hf: GPT2LMHeadModel, dtype: torch.dtype):
+    def __init__(self, hf: GPT2LMHeadModel, dtype: torch.dtype, fold_layer_norms: bool = False):
+        """fold_layer_norms: each layer norm's weight and bias are folded (in fp32, before the cast to
+        dtype) into the product after it, and the norms left as the identity affine; the LM head then
+        gets its own copy of the tied embedding. Same function; a kernel that fuses the norm into the
+        product then loads no weight or bias of the norm's."""
         super().__init__()
         c = hf.config
         self.n_layer, self.n_head, self.n_embd = c.n_layer, c.n_head, c.n_embd
         self.head_dim, self.eps = c.n_embd // c.n_head, c.layer_norm_epsilon
+        self.layer_norms_folded = fold_layer_norms
         t = hf.transformer
-        as_param = lambda x: torch.nn.Parameter(x.detach().to(dtype).contiguous(), requires_grad=False)  # noqa: E731
-        stack = lambda get: as_param(torch.stack([get(block) for block in t.h]))  # noqa: E731
+        as_param = lambda x: torch.nn.Parameter(x.to(dtype).contiguous(), requires_grad=False)  # noqa: E731
+        stack = lambda get: torch.stack([get(block).detach().float() for block in t.h])  # noqa: E731
         self.vocab_size = c.vocab_size
-        padded = F.pad(t.wte.weight, (0, 0, 0, -c.vocab_size % VOCAB_ALIGN))  # zero rows: logits sliced off
-        self.wte, self.wpe = as_param(padded), as_param(t.wpe.weight)
+        padded = F.pad(t.wte.weight.detach().float(), (0, 0, 0, -c.vocab_size % VOCAB_ALIGN))  # zero rows: sliced off
+        self.wte, self.wpe = as_param(padded), as_param(t.wpe.weight.detach())
         # Conv1D stores [in, out]; F.linear wants [out, in]
-        self.ln1_w, self.ln1_b = stack(lambda b: b.ln_1.weight), stack(lambda b: b.ln_1.bias)
-        self.qkv_w, self.qkv_b = stack(lambda b: b.attn.c_attn.weight.t()), stack(lambda b: b.attn.c_attn.bias)
-        self.proj_w, self.proj_b = stack(lambda b: b.attn.c_proj.weight.t()), stack(lambda b: b.attn.c_proj.bias)
-        self.ln2_w, self.ln2_b = stack(lambda b: b.ln_2.weight), stack(lambda b: b.ln_2.bias)
-        self.fc_w, self.fc_b = stack(lambda b: b.mlp.c_fc.weight.t()), stack(lambda b: b.mlp.c_fc.bias)
-        self.fc2_w, self.fc2_b = stack(lambda b: b.mlp.c_proj.weight.t()), stack(lambda b: b.mlp.c_proj.bias)
-        self.lnf_w, self.lnf_b = as_param(t.ln_f.weight), as_param(t.ln_f.bias)
+        ln1 = stack(lambda b: b.ln_1.weight), stack(lambda b: b.ln_1.bias)
+        ln2 = stack(lambda b: b.ln_2.weight), stack(lambda b: b.ln_2.bias)
+        lnf = t.ln_f.weight.detach().float(), t.ln_f.bias.detach().float()
+        qkv = stack(lambda b: b.attn.c_attn.weight.t()), stack(lambda b: b.attn.c_attn.bias)
+        fc = stack(lambda b: b.mlp.c_fc.weight.t()), stack(lambda b: b.mlp.c_fc.bias)
+        head = padded, torch.zeros(len(padded))  # the LM head has no bias until ln_f's is folded in
+        if fold_layer_norms:
+            qkv, fc, head = fold_layer_norm(*qkv, *ln1), fold_layer_norm(*fc, *ln2), fold_layer_norm(*head, *lnf)
+            ln1, ln2, lnf = ((torch.ones_like(w), torch.zeros_like(b)) for w, b in (ln1, ln2, lnf))
+        self.ln1_w, self.ln1_b = map(as_param, ln1)
+        self.qkv_w, self.qkv_b = map(as_param, qkv)
+        self.proj_w = as_param(stack(lambda b: b.attn.c_proj.weight.t()))
+        self.proj_b = as_param(stack(lambda b: b.attn.c_proj.bias))
+        self.ln2_w, self.ln2_b = map(as_param, ln2)
+        self.fc_w, self.fc_b = map(as_param, fc)
+        self.fc2_w = as_param(stack(lambda b: b.mlp.c_proj.weight.t()))
+        self.fc2_b = as_param(stack(lambda b: b.mlp.c_proj.bias))
+        self.lnf_w, self.lnf_b = map(as_param, lnf)
+        # the tied LM head; a copy of its own once ln_f is folded into it (its bias is W @ beta)
+        self.head_w, self.head_b = (map(as_param, head) if fold_layer_norms else (self.wte, None))
 
     def new_cache(self, batch: int, max_len: int) -> list[torch.Tensor]:
         """2L tensors [B, H, T, D] (layer i's keys at 2i, values at 2i + 1), zeroed so unused slots
@@ -76,4 +100,4 @@ class StaticGPT2(torch.nn.Module):
         if last_only:
             x = x[:, -1:]
         x = F.layer_norm(x, (self.n_embd,), self.lnf_w, self.lnf_b, self.eps)
-        return F.linear(x, self.wte)[..., :self.vocab_size]  # tied LM head
+        return F.linear(x, self.head_w, self.head_b)[..., :self.vocab_size]

@@ -45,8 +45,8 @@ def _embed_kernel(token_ptr, position_ptr, wte_ptr, wpe_ptr, x_ptr, C: tl.conste
 
 @triton.jit
 def _tile_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, rm, rn, row_in, col_in, eps, K: tl.constexpr, LN: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SPLIT_K: tl.constexpr):
+                  AFFINE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     """LN?(x[rm]) @ w[rn]^T over this program's K slice, as tensor-core tiles walked along K."""
     if LN:
         # one pass, unrolled, so the row's loads are all in flight at once: a loop of dependent
@@ -68,9 +68,11 @@ def _tile_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, rm, rn, row_in, col_in, eps,
         k_in = rk < K
         x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)
         if LN:
-            gamma = tl.load(ln_w_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
-            beta = tl.load(ln_b_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
-            x = (x.to(tl.float32) - mean[:, None]) * rstd[:, None] * gamma[None, :] + beta[None, :]
+            x = (x.to(tl.float32) - mean[:, None]) * rstd[:, None]
+            if AFFINE:
+                gamma = tl.load(ln_w_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
+                beta = tl.load(ln_b_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
+                x = x * gamma[None, :] + beta[None, :]
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
         acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=DOT_PRECISION)
     return acc
@@ -78,7 +80,7 @@ def _tile_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, rm, rn, row_in, col_in, eps,
 
 @triton.jit
 def _row_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, row, rn, col_in, eps, K: tl.constexpr, LN: tl.constexpr,
-                 BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                 AFFINE: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     """LN?(x[row]) @ w[rn]^T over this program's K slice, [1, BLOCK_N], in CUDA-core FMAs with the
     whole slice in one load (BLOCK_K >= K / SPLIT_K). For one row a step reads each weight once and
     does almost no arithmetic, so what counts is how many of its bytes are in flight: all of them,
@@ -91,9 +93,11 @@ def _row_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, row, rn, col_in, eps, K: tl.c
     if LN:  # SPLIT_K is 1 here: the slice is the whole row
         mean = tl.sum(x, 0) / K
         rstd = 1.0 / tl.sqrt(tl.maximum(tl.sum(x * x, 0) / K - mean * mean, 0.0) + eps)
-        gamma = tl.load(ln_w_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
-        beta = tl.load(ln_b_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
-        x = (x - mean) * rstd * gamma + beta
+        x = (x - mean) * rstd
+        if AFFINE:
+            gamma = tl.load(ln_w_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
+            beta = tl.load(ln_b_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
+            x = x * gamma + beta
     return tl.sum(w.to(tl.float32) * x[None, :], 1)[None, :]
 
 
@@ -102,13 +106,15 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
                          k_cache_ptr, v_cache_ptr, slot_ptr, cache_row_stride, cache_head_stride,
                          M, N, eps,
                          K: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
-                         LN: tl.constexpr, BIAS: tl.constexpr, GELU: tl.constexpr, RESIDUAL: tl.constexpr,
-                         QKV: tl.constexpr, DOT_PRECISION: tl.constexpr, best_ptr, best_index_ptr, ARGMAX: tl.constexpr,
+                         LN: tl.constexpr, AFFINE: tl.constexpr, BIAS: tl.constexpr, GELU: tl.constexpr,
+                         RESIDUAL: tl.constexpr, QKV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                         best_ptr, best_index_ptr, ARGMAX: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
     """out[M, N] = epilogue(LN?(x[M, K]) @ w[N, K]^T), as tensor-core tiles or, BLOCK_M 1, one row
     per program in row products (_tile_product, _row_product).
 
-    LN: layer norm of each x row (statistics in fp32 from one pass over the row). RESIDUAL: out +=
+    LN: layer norm of each x row (statistics in fp32 from one pass over the row); AFFINE: with its
+    weight and bias, which a model may instead have folded into w and the bias. RESIDUAL: out +=
     result (out holds the residual stream). QKV: columns [0, C) go to out (q), [C, 2C) and [2C, 3C)
     to the k and v caches [B, H, T, D] at slot *slot_ptr. ARGMAX: also each row's largest value in
     this program's columns and its column (the first, on ties) to best / best_index [M, programs along N].
@@ -119,10 +125,11 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_in, col_in = rm < M, rn < N
     if BLOCK_M == 1:
-        acc = _row_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, tl.program_id(0), rn, col_in, eps, K, LN, BLOCK_K, SPLIT_K)
+        acc = _row_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, tl.program_id(0), rn, col_in, eps, K, LN, AFFINE, BLOCK_K,
+                           SPLIT_K)
     else:
-        acc = _tile_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, rm, rn, row_in, col_in, eps, K, LN, DOT_PRECISION,
-                            BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
+        acc = _tile_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, rm, rn, row_in, col_in, eps, K, LN, AFFINE,
+                            DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
     if BIAS:
         if tl.program_id(2) == 0:  # one K slice adds the bias
             acc += tl.load(b_ptr + rn, mask=col_in, other=0.0).to(tl.float32)[None, :]
@@ -284,8 +291,8 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
                  n: int | None = None, config: LinearConfig | None = None,
                  argmax: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """out = epilogue(LN?(x) @ w[:n]^T + bias). x [M, K] contiguous; w [>= n, K]; ln = (weight, bias,
-    eps); qkv = (k_cache, v_cache, slot tensor, head_dim) routes the output as _fused_linear_kernel
-    describes; argmax = (best fp32, best_index int32), each [M, argmax_partials(...)], gets each
+    eps), weight and bias None for a norm without them (folded into w and bias); qkv = (k_cache,
+    v_cache, slot tensor, head_dim) routes the output as _fused_linear_kernel describes; argmax = (best fp32, best_index int32), each [M, argmax_partials(...)], gets each
     program's row maxima (greedy_advance reduces them). config overrides the tuned tiles (tests, tuning)."""
     m, k = x.shape
     n = w.shape[0] if n is None else n
@@ -300,7 +307,10 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
         raise ValueError(f"split_k={cfg.split_k} needs a residual fp32 output, no layer norm, and K ({k}) a multiple "
                          "of split_k * block_k")
     # a pointer argument the kernel's flags leave unused still needs a tensor: w stands in
-    ln_w, ln_b, eps = ln if ln is not None else (w, w, 0.0)
+    ln_w, ln_b, eps = ln if ln is not None else (None, None, 0.0)
+    if (ln_w is None) != (ln_b is None):
+        raise ValueError("ln needs both its weight and its bias, or neither")
+    affine = ln_w is not None
     k_cache, v_cache, slot, head_dim = qkv if qkv is not None else (w, w, w, 16)
     c = n // 3 if qkv is not None else n
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
@@ -308,10 +318,11 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
         raise ValueError(f"argmax needs a plain product and buffers of shape {(m, grid[1])}")
     best, best_index = argmax if argmax is not None else (w, w)
     _fused_linear_kernel[grid](
-        x, w, bias if bias is not None else w, out, ln_w, ln_b,
+        x, w, bias if bias is not None else w, out, ln_w if affine else w, ln_b if affine else w,
         k_cache, v_cache, slot, k_cache.stride(0), k_cache.stride(1) if qkv is not None else 0,
         m, n, eps, K=k, C=c, D=head_dim,
-        LN=ln is not None, BIAS=bias is not None, GELU=gelu, RESIDUAL=residual, QKV=qkv is not None,
+        LN=ln is not None, AFFINE=affine, BIAS=bias is not None, GELU=gelu, RESIDUAL=residual,
+        QKV=qkv is not None,
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",  # fp32 stays exact (its 1e-5 budget)
         best_ptr=best, best_index_ptr=best_index, ARGMAX=argmax is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
