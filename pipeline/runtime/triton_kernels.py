@@ -124,6 +124,11 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_in, col_in = rm < M, rn < N
+    # the epilogue's own loads are requested first, so they wait alongside the product's rather than after it
+    if BIAS:  # one K slice adds the bias
+        bias = tl.load(b_ptr + rn, mask=col_in & (tl.zeros_like(rn) + tl.program_id(2) == 0), other=0.0)
+    if QKV:
+        slot = tl.load(slot_ptr)
     if BLOCK_M == 1:
         acc = _row_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, tl.program_id(0), rn, col_in, eps, K, LN, AFFINE, BLOCK_K,
                            SPLIT_K)
@@ -131,8 +136,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
         acc = _tile_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, rm, rn, row_in, col_in, eps, K, LN, AFFINE,
                             DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
     if BIAS:
-        if tl.program_id(2) == 0:  # one K slice adds the bias
-            acc += tl.load(b_ptr + rn, mask=col_in, other=0.0).to(tl.float32)[None, :]
+        acc += bias.to(tl.float32)[None, :]
     if GELU:
         # GELU's tanh form: 0.5 * (1 + tanh(u)) == sigmoid(2u), with 2u = 2 * sqrt(2 / pi) * (x + 0.044715 x^3)
         acc = acc / (1.0 + tl.exp(-1.5957691216057308 * (acc + 0.044715 * acc * acc * acc)))
@@ -140,7 +144,6 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
     if QKV:
         part = rn // C
         within = rn % C
-        slot = tl.load(slot_ptr)
         cached = rm[:, None] * cache_row_stride + (within // D)[None, :] * cache_head_stride + slot * D + (within % D)[None, :]
         value = acc.to(k_cache_ptr.dtype.element_ty)
         tl.store(out_ptr + rm[:, None] * C + within[None, :], value, mask=inside & (part == 0)[None, :])
