@@ -33,7 +33,6 @@ class StaticGPT2(torch.nn.Module):
         c = hf.config
         self.n_layer, self.n_head, self.n_embd = c.n_layer, c.n_head, c.n_embd
         self.head_dim, self.eps = c.n_embd // c.n_head, c.layer_norm_epsilon
-        self.layer_norms_folded = fold_layer_norms
         t = hf.transformer
         as_param = lambda x: torch.nn.Parameter(x.to(dtype).contiguous(), requires_grad=False)  # noqa: E731
         stack = lambda get: torch.stack([get(block).detach().float() for block in t.h])  # noqa: E731
