@@ -45,9 +45,9 @@ class StaticGPT2(torch.nn.Module):
         lnf = t.ln_f.weight.detach().float(), t.ln_f.bias.detach().float()
         qkv = stack(lambda b: b.attn.c_attn.weight.t()), stack(lambda b: b.attn.c_attn.bias)
         fc = stack(lambda b: b.mlp.c_fc.weight.t()), stack(lambda b: b.mlp.c_fc.bias)
-        head = padded, torch.zeros(len(padded))  # the LM head has no bias until ln_f's is folded in
-        if fold_layer_norms:
-            qkv, fc, head = fold_layer_norm(*qkv, *ln1), fold_layer_norm(*fc, *ln2), fold_layer_norm(*head, *lnf)
+        if fold_layer_norms:  # the tied LM head, bias-free, gets a copy of its own with ln_f in it
+            head = fold_layer_norm(padded, torch.zeros(len(padded)), *lnf)
+            qkv, fc = fold_layer_norm(*qkv, *ln1), fold_layer_norm(*fc, *ln2)
             ln1, ln2, lnf = ((torch.ones_like(w), torch.zeros_like(b)) for w, b in (ln1, ln2, lnf))
         self.ln1_w, self.ln1_b = map(as_param, ln1)
         self.qkv_w, self.qkv_b = map(as_param, qkv)
@@ -58,8 +58,7 @@ class StaticGPT2(torch.nn.Module):
         self.fc2_w = as_param(stack(lambda b: b.mlp.c_proj.weight.t()))
         self.fc2_b = as_param(stack(lambda b: b.mlp.c_proj.bias))
         self.lnf_w, self.lnf_b = map(as_param, lnf)
-        # the tied LM head; a copy of its own once ln_f is folded into it (its bias is W @ beta)
-        self.head_w, self.head_b = (map(as_param, head) if fold_layer_norms else (self.wte, None))
+        self.head_w, self.head_b = map(as_param, head) if fold_layer_norms else (self.wte, None)
 
     def new_cache(self, batch: int, max_len: int) -> list[torch.Tensor]:
         """2L tensors [B, H, T, D] (layer i's keys at 2i, values at 2i + 1), zeroed so unused slots

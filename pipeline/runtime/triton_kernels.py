@@ -16,8 +16,8 @@ cache writes, split-K reductions, attention), each a few microseconds. Here each
 fused_linear runs one row as row products (each program a few output columns, its whole K slice
 loaded at once: at batch 1 what counts is how many weight bytes are in flight) and more rows as
 narrow tensor-core tiles. The residual stream is kept in fp32 between kernels; weights, cache and
-activations that feed a matrix product are in the model's dtype. The step's slot is read from a device scalar, so one
-CUDA graph of these launches serves every step. For greedy decoding the LM head also leaves each
+activations that feed a matrix product are in the model's dtype. The step's slot is read from a
+device scalar, so one CUDA graph of these launches serves every step. For greedy decoding the LM head also leaves each
 program's row maxima and greedy_advance turns them into the next token and the next step's inputs,
 one more launch in place of the host's argmax and input copies."""
 
@@ -44,6 +44,24 @@ def _embed_kernel(token_ptr, position_ptr, wte_ptr, wpe_ptr, x_ptr, C: tl.conste
 
 
 @triton.jit
+def _moments(total, squares, K: tl.constexpr, eps):
+    """A layer norm's mean and 1 / std from the sum and the sum of squares of K values (fp32, one pass)."""
+    mean = total / K
+    return mean, 1.0 / tl.sqrt(tl.maximum(squares / K - mean * mean, 0.0) + eps)
+
+
+@triton.jit
+def _normalize(x, mean, rstd, ln_w_ptr, ln_b_ptr, rk, k_in, AFFINE: tl.constexpr):
+    """(x - mean) * rstd over x's last axis (columns rk), then the norm's weight and bias unless a
+    model folded those into the product (AFFINE false)."""
+    x = (x - mean) * rstd
+    if AFFINE:
+        x = x * tl.load(ln_w_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
+        x += tl.load(ln_b_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit
 def _tile_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, rm, rn, row_in, col_in, eps, K: tl.constexpr, LN: tl.constexpr,
                   AFFINE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
@@ -59,8 +77,7 @@ def _tile_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, rm, rn, row_in, col_in, eps,
             x = x.to(tl.float32)
             total += tl.sum(x, 1)
             squares += tl.sum(x * x, 1)
-        mean = total / K
-        rstd = 1.0 / tl.sqrt(tl.maximum(squares / K - mean * mean, 0.0) + eps)
+        mean, rstd = _moments(total, squares, K, eps)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     k_slice = tl.program_id(2) * (K // SPLIT_K)
     for k0 in range(0, K // SPLIT_K, BLOCK_K):
@@ -68,11 +85,7 @@ def _tile_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, rm, rn, row_in, col_in, eps,
         k_in = rk < K
         x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)
         if LN:
-            x = (x.to(tl.float32) - mean[:, None]) * rstd[:, None]
-            if AFFINE:
-                gamma = tl.load(ln_w_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
-                beta = tl.load(ln_b_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
-                x = x * gamma[None, :] + beta[None, :]
+            x = _normalize(x.to(tl.float32), mean[:, None], rstd[:, None], ln_w_ptr, ln_b_ptr, rk, k_in, AFFINE)
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
         acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=DOT_PRECISION)
     return acc
@@ -91,13 +104,8 @@ def _row_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, row, rn, col_in, eps, K: tl.c
     w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
     x = tl.load(x_ptr + row * K + rk, mask=k_in, other=0.0).to(tl.float32)
     if LN:  # SPLIT_K is 1 here: the slice is the whole row
-        mean = tl.sum(x, 0) / K
-        rstd = 1.0 / tl.sqrt(tl.maximum(tl.sum(x * x, 0) / K - mean * mean, 0.0) + eps)
-        x = (x - mean) * rstd
-        if AFFINE:
-            gamma = tl.load(ln_w_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
-            beta = tl.load(ln_b_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
-            x = x * gamma + beta
+        mean, rstd = _moments(tl.sum(x, 0), tl.sum(x * x, 0), K, eps)
+        x = _normalize(x, mean, rstd, ln_w_ptr, ln_b_ptr, rk, k_in, AFFINE)
     return tl.sum(w.to(tl.float32) * x[None, :], 1)[None, :]
 
 
@@ -125,7 +133,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_in, col_in = rm < M, rn < N
     # the epilogue's own loads are requested first, so they wait alongside the product's rather than after it
-    if BIAS:  # one K slice adds the bias
+    if BIAS:  # one K slice adds the bias (the slice test as a vector: Triton's interpreter refuses a scalar there)
         bias = tl.load(b_ptr + rn, mask=col_in & (tl.zeros_like(rn) + tl.program_id(2) == 0), other=0.0)
     if QKV:
         slot = tl.load(slot_ptr)
