@@ -79,26 +79,38 @@ def test_split_k_adds_each_slice_and_the_bias_once(split_k, block_m):
 
 @pytest.mark.parametrize("block_m", [1, 16])  # row products; tiles walking K in three 32-wide chunks
 def test_layer_norm_and_gelu_over_several_k_chunks(block_m):
+    """The norm's weight and bias folded into the product, as StaticGPT2 folds them."""
     from pipeline.runtime.triton_kernels import LinearConfig, fused_linear
     torch.manual_seed(3)
     x, w, bias = 3.0 + 2.0 * torch.randn(5, 96), torch.randn(40, 96) / 10, torch.randn(40)
     gamma, beta = 1.0 + torch.randn(96) / 5, torch.randn(96) / 5
+    folded_w, folded_bias = w * gamma, bias + w @ beta
     out = torch.empty(5, 40)
-    fused_linear(x, w, out, bias, ln=(gamma, beta, 1e-5), gelu=True, config=LinearConfig(block_m, 16, 32))
+    fused_linear(x, folded_w, out, folded_bias, ln=(folded_w.sum(1), 1e-5), gelu=True, config=LinearConfig(block_m, 16, 32))
     normed = torch.nn.functional.layer_norm(x, (96,), gamma, beta, 1e-5)
     expected = torch.nn.functional.gelu(normed @ w.T + bias, approximate="tanh")
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
-    # the norm without its weight and bias, those folded into the product (as StaticGPT2 folds them)
-    folded = torch.empty(5, 40)
-    fused_linear(x, w * gamma, folded, bias + w @ beta, ln=(None, None, 1e-5), gelu=True,
-                 config=LinearConfig(block_m, 16, 32))
-    torch.testing.assert_close(folded, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_a_layer_norm_takes_both_its_weight_and_bias_or_neither():
+def test_tiles_keep_fp16_precision_through_the_layer_norm():
+    """A row far off centre or with an outlier keeps fp16 precision: the tiles cast x minus a
+    reference near its mean for the product, the row products centre x before its variance."""
+    from pipeline.runtime.triton_kernels import LinearConfig, fused_linear
+    torch.manual_seed(4)
+    x, w = 0.5 * torch.randn(4, 128), (torch.randn(64, 128) / 10).half()
+    x[0] += 300.0
+    x[3, 100] = 60.0
+    reference = torch.nn.functional.layer_norm(x.double(), (128,), eps=1e-5) @ w.double().T
+    for block_m in (1, 16):
+        out = torch.empty(4, 64)
+        fused_linear(x, w, out, ln=(w.float().sum(1), 1e-5), config=LinearConfig(block_m, 16, 64))
+        assert ((out.double() - reference).norm(dim=1) / reference.norm(dim=1)).max() < 1e-3
+
+
+def test_a_layer_norm_needs_one_weight_sum_per_row_of_w():
     from pipeline.runtime.triton_kernels import fused_linear
-    with pytest.raises(ValueError, match="both its weight and its bias"):
-        fused_linear(torch.randn(1, 64), torch.randn(16, 64), torch.empty(1, 16), ln=(torch.ones(64), None, 1e-5))
+    with pytest.raises(ValueError, match="w_sums is \\(64,\\): it must be w.float\\(\\).sum\\(1\\)"):
+        fused_linear(torch.randn(1, 64), torch.randn(16, 64), torch.empty(1, 16), ln=(torch.ones(64), 1e-5))
 
 
 def test_split_k_needs_a_residual_fp32_output():

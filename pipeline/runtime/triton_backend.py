@@ -22,7 +22,8 @@ from pipeline.runtime.triton_kernels import (
 class TritonBackend(StaticCacheBackend):
     name = "triton"
     # the layer norms' weights and biases live in the products after them, so no program of a fused
-    # linear loads them (decode graph on an H200: 252 -> 236 us at batch 1, 510 -> 500 us at batch 64)
+    # linear loads them (decode graph on an H200: 252 -> 236 us at batch 1, 510 -> 500 us at batch 64),
+    # and the tiles can normalise after the product (fused_linear's ln)
     fold_layer_norms = True
 
     def __init__(self, model, precision: str = "fp16", device="cuda", cuda_graphs: bool | None = None):
@@ -30,6 +31,9 @@ class TritonBackend(StaticCacheBackend):
         if head_dim & (head_dim - 1):  # the attention kernel holds one head in a power-of-two block
             raise BackendUnavailable(f"triton needs a power-of-two head size; this model's is {head_dim}")
         super().__init__(model, precision, device, cuda_graphs)
+        # what the fused layer norms take besides the folded weights: each output's weights summed
+        net = self.net
+        self.qkv_sums, self.fc_sums, self.head_sums = (w.float().sum(-1) for w in (net.qkv_w, net.fc_w, net.head_w))
 
     def new_slot(self, batch: int, length: int) -> CacheSlot:
         s = super().new_slot(batch, length)
@@ -60,14 +64,13 @@ class TritonBackend(StaticCacheBackend):
         net, b = self.net, s.scratch
         x, q, attention, hidden = b["x"], b["q"], b["attention"], b["hidden"]
         embed(s.token, s.position, net.wte, net.wpe, x)
-        norm = (None, None, net.eps)  # folded into the next product's weights and bias (fold_layer_norms)
         for i in range(net.n_layer):
             keys, values = s.cache[2 * i], s.cache[2 * i + 1]
-            fused_linear(x, net.qkv_w[i], q, net.qkv_b[i], ln=norm, qkv=(keys, values, s.start, net.head_dim))
+            fused_linear(x, net.qkv_w[i], q, net.qkv_b[i], ln=(self.qkv_sums[i], net.eps), qkv=(keys, values, s.start, net.head_dim))
             decode_attention(q, keys, values, s.slot_mask, s.start, attention, b["attention_partial"],
                              b["attention_arrivals"])
             fused_linear(attention, net.proj_w[i], x, net.proj_b[i], residual=True)
-            fused_linear(x, net.fc_w[i], hidden, net.fc_b[i], ln=norm, gelu=True)
+            fused_linear(x, net.fc_w[i], hidden, net.fc_b[i], ln=(self.fc_sums[i], net.eps), gelu=True)
             fused_linear(hidden, net.fc2_w[i], x, net.fc2_b[i], residual=True)
-        fused_linear(x, net.head_w, b["logits"], net.head_b, ln=norm, n=self.vocab_size, argmax=argmax)
+        fused_linear(x, net.head_w, b["logits"], net.head_b, ln=(self.head_sums, net.eps), n=self.vocab_size, argmax=argmax)
         return b["logits"]

@@ -15,7 +15,9 @@ cache writes, split-K reductions, attention), each a few microseconds. Here each
 
 fused_linear runs one row as row products (each program a few output columns, its whole K slice
 loaded at once: at batch 1 what counts is how many weight bytes are in flight) and more rows as
-narrow tensor-core tiles. The residual stream is kept in fp32 between kernels; weights, cache and
+narrow tensor-core tiles; a layer norm before a product is fused into it, its weight and bias
+folded into the product's (the tiles apply it after the product, so that no pass over x holds the
+weights back: _tile_product). The residual stream is kept in fp32 between kernels; weights, cache and
 activations that feed a matrix product are in the model's dtype. The step's slot is read from a
 device scalar, so one CUDA graph of these launches serves every step. For greedy decoding the LM head also leaves each
 program's row maxima and greedy_advance turns them into the next token and the next step's inputs,
@@ -44,56 +46,45 @@ def _embed_kernel(token_ptr, position_ptr, wte_ptr, wpe_ptr, x_ptr, C: tl.conste
 
 
 @triton.jit
-def _moments(total, squares, K: tl.constexpr, eps):
-    """A layer norm's mean and 1 / std from the sum and the sum of squares of K values (fp32, one pass)."""
-    mean = total / K
-    return mean, 1.0 / tl.sqrt(tl.maximum(squares / K - mean * mean, 0.0) + eps)
+def _tile_product(x_ptr, w_ptr, w_sums_ptr, rm, rn, row_in, col_in, eps, K: tl.constexpr, LN: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  SPLIT_K: tl.constexpr, REF_COLS: tl.constexpr):
+    """LN?(x[rm]) @ w[rn]^T over this program's K slice, as tensor-core tiles walked along K.
 
-
-@triton.jit
-def _normalize(x, mean, rstd, ln_w_ptr, ln_b_ptr, rk, k_in, AFFINE: tl.constexpr):
-    """(x - mean) * rstd over x's last axis (columns rk), then the norm's weight and bias unless a
-    model folded those into the product (AFFINE false)."""
-    x = (x - mean) * rstd
-    if AFFINE:
-        x = x * tl.load(ln_w_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
-        x += tl.load(ln_b_ptr + rk, mask=k_in, other=0.0).to(tl.float32)
-    return x
-
-
-@triton.jit
-def _tile_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, rm, rn, row_in, col_in, eps, K: tl.constexpr, LN: tl.constexpr,
-                  AFFINE: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-    """LN?(x[rm]) @ w[rn]^T over this program's K slice, as tensor-core tiles walked along K."""
-    if LN:
-        # one pass, unrolled, so the row's loads are all in flight at once: a loop of dependent
-        # loads here would cost a memory latency per chunk in a kernel that is all latency
-        total = tl.zeros((BLOCK_M,), tl.float32)
-        squares = tl.zeros((BLOCK_M,), tl.float32)
-        for k0 in tl.static_range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=row_in[:, None] & (rk < K)[None, :], other=0.0)
-            x = x.to(tl.float32)
-            total += tl.sum(x, 1)
-            squares += tl.sum(x * x, 1)
-        mean, rstd = _moments(total, squares, K, eps)
+    The layer norm takes no pass over x of its own: the product runs on x - r, r each row's mean of
+    its first REF_COLS values (close enough to the mean that what is cast for the product is centred
+    and keeps its precision), the same tiles give the moments of x - r, and the epilogue applies
+    LN(x) @ w^T = rstd * ((x - r) @ w^T - (mean - r) * w_sums), w_sums each output's summed weights.
+    A statistics pass first would hold every weight tile back until all of x had arrived."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if LN:  # SPLIT_K is 1 here: the slice is the whole row
+        rr = tl.arange(0, REF_COLS)
+        ref = tl.load(x_ptr + rm[:, None] * K + rr[None, :], mask=row_in[:, None], other=0.0).to(tl.float32)
+        ref = tl.sum(ref, 1) / REF_COLS
+        w_sums = tl.load(w_sums_ptr + rn, mask=col_in, other=0.0)
+        total = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
+        squares = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
     k_slice = tl.program_id(2) * (K // SPLIT_K)
     for k0 in range(0, K // SPLIT_K, BLOCK_K):
         rk = k_slice + k0 + tl.arange(0, BLOCK_K)
         k_in = rk < K
         x = tl.load(x_ptr + rm[:, None] * K + rk[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)
         if LN:
-            x = _normalize(x.to(tl.float32), mean[:, None], rstd[:, None], ln_w_ptr, ln_b_ptr, rk, k_in, AFFINE)
+            x = tl.where(k_in[None, :], x.to(tl.float32) - ref[:, None], 0.0)
+            total += x  # summed across K once, after the loop
+            squares += x * x
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
         acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=DOT_PRECISION)
+    if LN:
+        shift = tl.sum(total, 1) / K  # mean - r
+        rstd = 1.0 / tl.sqrt(tl.maximum(tl.sum(squares, 1) / K - shift * shift, 0.0) + eps)
+        acc = (acc - shift[:, None] * w_sums[None, :]) * rstd[:, None]
     return acc
 
 
 @triton.jit
-def _row_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, row, rn, col_in, eps, K: tl.constexpr, LN: tl.constexpr,
-                 AFFINE: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+def _row_product(x_ptr, w_ptr, row, rn, col_in, eps, K: tl.constexpr, LN: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SPLIT_K: tl.constexpr):
     """LN?(x[row]) @ w[rn]^T over this program's K slice, [1, BLOCK_N], in CUDA-core FMAs with the
     whole slice in one load (BLOCK_K >= K / SPLIT_K). For one row a step reads each weight once and
     does almost no arithmetic, so what counts is how many of its bytes are in flight: all of them,
@@ -103,26 +94,28 @@ def _row_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, row, rn, col_in, eps, K: tl.c
     k_in = rk < k_slice + K // SPLIT_K
     w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
     x = tl.load(x_ptr + row * K + rk, mask=k_in, other=0.0).to(tl.float32)
-    if LN:  # SPLIT_K is 1 here: the slice is the whole row
-        mean, rstd = _moments(tl.sum(x, 0), tl.sum(x * x, 0), K, eps)
-        x = _normalize(x, mean, rstd, ln_w_ptr, ln_b_ptr, rk, k_in, AFFINE)
+    if LN:  # SPLIT_K is 1 here: the slice is the whole row, in registers, so the variance can take a second pass
+        x = tl.where(k_in, x - tl.sum(x, 0) / K, 0.0)
+        x *= 1.0 / tl.sqrt(tl.sum(x * x, 0) / K + eps)
     return tl.sum(w.to(tl.float32) * x[None, :], 1)[None, :]
 
 
 @triton.jit
-def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
+def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
                          k_cache_ptr, v_cache_ptr, slot_ptr, cache_row_stride, cache_head_stride,
                          M, N, eps,
                          K: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
-                         LN: tl.constexpr, AFFINE: tl.constexpr, BIAS: tl.constexpr, GELU: tl.constexpr,
+                         LN: tl.constexpr, BIAS: tl.constexpr, GELU: tl.constexpr,
                          RESIDUAL: tl.constexpr, QKV: tl.constexpr, DOT_PRECISION: tl.constexpr,
                          best_ptr, best_index_ptr, ARGMAX: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                         REF_COLS: tl.constexpr):
     """out[M, N] = epilogue(LN?(x[M, K]) @ w[N, K]^T), as tensor-core tiles or, BLOCK_M 1, one row
     per program in row products (_tile_product, _row_product).
 
-    LN: layer norm of each x row (statistics in fp32 from one pass over the row); AFFINE: with its
-    weight and bias, which a model may instead have folded into w and the bias. RESIDUAL: out +=
+    LN: layer norm of each x row (statistics in fp32), its weight and bias folded into w and the
+    bias (StaticGPT2(fold_layer_norms=True)); w_sums [>= N] fp32, each row of w summed, is what the
+    tiles need for it (_tile_product). RESIDUAL: out +=
     result (out holds the residual stream). QKV: columns [0, C) go to out (q), [C, 2C) and [2C, 3C)
     to the k and v caches [B, H, T, D] at slot *slot_ptr. ARGMAX: also each row's largest value in
     this program's columns and its column (the first, on ties) to best / best_index [M, programs along N].
@@ -138,11 +131,10 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, ln_w_ptr, ln_b_ptr,
     if QKV:
         slot = tl.load(slot_ptr)
     if BLOCK_M == 1:
-        acc = _row_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, tl.program_id(0), rn, col_in, eps, K, LN, AFFINE, BLOCK_K,
-                           SPLIT_K)
+        acc = _row_product(x_ptr, w_ptr, tl.program_id(0), rn, col_in, eps, K, LN, BLOCK_K, SPLIT_K)
     else:
-        acc = _tile_product(x_ptr, w_ptr, ln_w_ptr, ln_b_ptr, rm, rn, row_in, col_in, eps, K, LN, AFFINE,
-                            DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
+        acc = _tile_product(x_ptr, w_ptr, w_sums_ptr, rm, rn, row_in, col_in, eps, K, LN, DOT_PRECISION, BLOCK_M,
+                            BLOCK_N, BLOCK_K, SPLIT_K, REF_COLS)
     if BIAS:
         acc += bias.to(tl.float32)[None, :]
     if GELU:
@@ -292,17 +284,18 @@ def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
             return LinearConfig(16, 16, block_k, split, warps=4)
         return LinearConfig(64 if k > 1024 else 32, 32, block_k, split, warps=4)
     if n > 8192:  # the LM head
-        return LinearConfig(16, 128, block_k, warps=8) if small else LinearConfig(64, 256, 64, warps=8, stages=4)
-    return LinearConfig(16, 32 if small else 128, block_k, warps=8)
+        return LinearConfig(16 if small else 32, 256, 64, warps=8, stages=4)
+    return LinearConfig(16, 32 if small else 128, block_k, warps=4)
 
 
 def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
-                 ln: tuple[torch.Tensor, torch.Tensor, float] | None = None, gelu: bool = False,
+                 ln: tuple[torch.Tensor, float] | None = None, gelu: bool = False,
                  residual: bool = False, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
                  n: int | None = None, config: LinearConfig | None = None,
                  argmax: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-    """out = epilogue(LN?(x) @ w[:n]^T + bias). x [M, K] contiguous; w [>= n, K]; ln = (weight, bias,
-    eps), weight and bias None for a norm without them (folded into w and bias); qkv = (k_cache,
+    """out = epilogue(LN?(x) @ w[:n]^T + bias). x [M, K] contiguous; w [>= n, K]; ln = (w_sums, eps)
+    for a layer norm whose weight and bias are folded into w and bias, w_sums = w.float().sum(1) (the
+    tiles normalise after the product); qkv = (k_cache,
     v_cache, slot tensor, head_dim) routes the output as _fused_linear_kernel describes; argmax = (best fp32, best_index int32), each [M, argmax_partials(...)], gets each
     program's row maxima (greedy_advance reduces them). config overrides the tuned tiles (tests, tuning)."""
     m, k = x.shape
@@ -318,10 +311,9 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
         raise ValueError(f"split_k={cfg.split_k} needs a residual fp32 output, no layer norm, and K ({k}) a multiple "
                          "of split_k * block_k")
     # a pointer argument the kernel's flags leave unused still needs a tensor: w stands in
-    ln_w, ln_b, eps = ln if ln is not None else (None, None, 0.0)
-    if (ln_w is None) != (ln_b is None):
-        raise ValueError("ln needs both its weight and its bias, or neither")
-    affine = ln_w is not None
+    w_sums, eps = ln if ln is not None else (w, 0.0)
+    if ln is not None and w_sums.shape != (w.shape[0],):
+        raise ValueError(f"ln's w_sums is {tuple(w_sums.shape)}: it must be w.float().sum(1), one per row of w")
     k_cache, v_cache, slot, head_dim = qkv if qkv is not None else (w, w, w, 16)
     c = n // 3 if qkv is not None else n
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
@@ -329,14 +321,15 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
         raise ValueError(f"argmax needs a plain product and buffers of shape {(m, grid[1])}")
     best, best_index = argmax if argmax is not None else (w, w)
     _fused_linear_kernel[grid](
-        x, w, bias if bias is not None else w, out, ln_w if affine else w, ln_b if affine else w,
+        x, w, bias if bias is not None else w, out, w_sums,
         k_cache, v_cache, slot, k_cache.stride(0), k_cache.stride(1) if qkv is not None else 0,
         m, n, eps, K=k, C=c, D=head_dim,
-        LN=ln is not None, AFFINE=affine, BIAS=bias is not None, GELU=gelu, RESIDUAL=residual,
+        LN=ln is not None, BIAS=bias is not None, GELU=gelu, RESIDUAL=residual,
         QKV=qkv is not None,
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",  # fp32 stays exact (its 1e-5 budget)
         best_ptr=best, best_index_ptr=best_index, ARGMAX=argmax is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
+        REF_COLS=min(64, 1 << (k.bit_length() - 1)),  # a power of two, at most K
         num_warps=cfg.warps, num_stages=cfg.stages)
 
 
