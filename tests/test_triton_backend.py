@@ -86,13 +86,14 @@ def test_layer_norm_and_gelu_over_several_k_chunks(block_m):
     gamma, beta = 1.0 + torch.randn(96) / 5, torch.randn(96) / 5
     folded_w, folded_bias = w * gamma, bias + w @ beta
     out = torch.empty(5, 40)
-    fused_linear(x, folded_w, out, folded_bias, ln=(folded_w.sum(1), 1e-5), gelu=True, config=LinearConfig(block_m, 16, 32))
+    fused_linear(x, folded_w, out, folded_bias, ln=(folded_w.sum(1), 1e-5), gelu=True,
+                 config=LinearConfig(block_m, 16, 32))
     normed = torch.nn.functional.layer_norm(x, (96,), gamma, beta, 1e-5)
     expected = torch.nn.functional.gelu(normed @ w.T + bias, approximate="tanh")
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_tiles_keep_fp16_precision_through_the_layer_norm():
+def test_layer_norm_keeps_fp16_precision_for_rows_far_off_centre():
     """A row far off centre or with an outlier keeps fp16 precision: the tiles cast x minus a
     reference near its mean for the product, the row products centre x before its variance."""
     from pipeline.runtime.triton_kernels import LinearConfig, fused_linear

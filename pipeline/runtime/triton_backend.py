@@ -66,11 +66,13 @@ class TritonBackend(StaticCacheBackend):
         embed(s.token, s.position, net.wte, net.wpe, x)
         for i in range(net.n_layer):
             keys, values = s.cache[2 * i], s.cache[2 * i + 1]
-            fused_linear(x, net.qkv_w[i], q, net.qkv_b[i], ln=(self.qkv_sums[i], net.eps), qkv=(keys, values, s.start, net.head_dim))
+            fused_linear(x, net.qkv_w[i], q, net.qkv_b[i], ln=(self.qkv_sums[i], net.eps),
+                         qkv=(keys, values, s.start, net.head_dim))
             decode_attention(q, keys, values, s.slot_mask, s.start, attention, b["attention_partial"],
                              b["attention_arrivals"])
             fused_linear(attention, net.proj_w[i], x, net.proj_b[i], residual=True)
             fused_linear(x, net.fc_w[i], hidden, net.fc_b[i], ln=(self.fc_sums[i], net.eps), gelu=True)
             fused_linear(hidden, net.fc2_w[i], x, net.fc2_b[i], residual=True)
-        fused_linear(x, net.head_w, b["logits"], net.head_b, ln=(self.head_sums, net.eps), n=self.vocab_size, argmax=argmax)
+        fused_linear(x, net.head_w, b["logits"], net.head_b, ln=(self.head_sums, net.eps), n=self.vocab_size,
+                     argmax=argmax)
         return b["logits"]

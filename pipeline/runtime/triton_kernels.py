@@ -55,7 +55,8 @@ def _tile_product(x_ptr, w_ptr, w_sums_ptr, rm, rn, row_in, col_in, eps, K: tl.c
     its first REF_COLS values (close enough to the mean that what is cast for the product is centred
     and keeps its precision), the same tiles give the moments of x - r, and the epilogue applies
     LN(x) @ w^T = rstd * ((x - r) @ w^T - (mean - r) * w_sums), w_sums each output's summed weights.
-    A statistics pass first would hold every weight tile back until all of x had arrived."""
+    A statistics pass first would hold every weight tile back until all of x had arrived. x - r must
+    fit the product's dtype, as the residual stream itself must in a model run in that dtype."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     if LN:  # SPLIT_K is 1 here: the slice is the whole row
         rr = tl.arange(0, REF_COLS)
@@ -115,10 +116,10 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
 
     LN: layer norm of each x row (statistics in fp32), its weight and bias folded into w and the
     bias (StaticGPT2(fold_layer_norms=True)); w_sums [>= N] fp32, each row of w summed, is what the
-    tiles need for it (_tile_product). RESIDUAL: out +=
-    result (out holds the residual stream). QKV: columns [0, C) go to out (q), [C, 2C) and [2C, 3C)
-    to the k and v caches [B, H, T, D] at slot *slot_ptr. ARGMAX: also each row's largest value in
-    this program's columns and its column (the first, on ties) to best / best_index [M, programs along N].
+    tiles need for it (_tile_product). RESIDUAL: out += result (out holds the residual stream).
+    QKV: columns [0, C) go to out (q), [C, 2C) and [2C, 3C) to the k and v caches [B, H, T, D] at
+    slot *slot_ptr. ARGMAX: also each row's largest value in this program's columns and its column
+    (the first, on ties) to best / best_index [M, programs along N].
     SPLIT_K > 1 (RESIDUAL only, out fp32): program_id(2) takes one K / SPLIT_K slice and adds its
     partial product into out atomically, so a narrow output still spreads over many programs. The
     order of those fp32 additions is not fixed, so results are not bit-identical from run to run."""
@@ -295,9 +296,10 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
                  argmax: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """out = epilogue(LN?(x) @ w[:n]^T + bias). x [M, K] contiguous; w [>= n, K]; ln = (w_sums, eps)
     for a layer norm whose weight and bias are folded into w and bias, w_sums = w.float().sum(1) (the
-    tiles normalise after the product); qkv = (k_cache,
-    v_cache, slot tensor, head_dim) routes the output as _fused_linear_kernel describes; argmax = (best fp32, best_index int32), each [M, argmax_partials(...)], gets each
-    program's row maxima (greedy_advance reduces them). config overrides the tuned tiles (tests, tuning)."""
+    tiles normalise after the product); qkv = (k_cache, v_cache, slot tensor, head_dim) routes the
+    output as _fused_linear_kernel describes; argmax = (best fp32, best_index int32), each
+    [M, argmax_partials(...)], gets each program's row maxima (greedy_advance reduces them). config
+    overrides the tuned tiles (tests, tuning)."""
     m, k = x.shape
     n = w.shape[0] if n is None else n
     cfg = config or linear_config(m, n, k, residual)
