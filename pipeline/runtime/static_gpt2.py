@@ -74,11 +74,13 @@ class StaticGPT2(torch.nn.Module):
         start: the first slot written, an int (a prefill) or a scalar int64 tensor (a decode step,
         whose one graph then serves every slot); cache as new_cache(). -> logits [B, S or 1, V]"""
         B, S = input_ids.shape
-        T = cache[0].shape[2]
+        # a prefill's slots past its own hold nothing yet: attention reads only up to them (a decode
+        # step's start is a tensor, one graph for every slot, so it masks the whole cache instead)
+        T = start + S if isinstance(start, int) else cache[0].shape[2]
         slots = start + torch.arange(S, device=input_ids.device)  # [S]
         t = torch.arange(T, device=input_ids.device)
         # [B, 1, S, T]: causal over slots, real tokens only; a query always sees itself (no empty rows)
-        allowed = ((t[None, :] <= slots[:, None])[None] & slot_mask[:, None, :]) | (t[None, :] == slots[:, None])[None]
+        allowed = ((t[None, :] <= slots[:, None])[None] & slot_mask[:, None, :T]) | (t[None, :] == slots[:, None])[None]
         allowed = allowed[:, None]
         x = self.wte[input_ids] + self.wpe[position_ids]  # [B, S, C]
         for i in range(self.n_layer):
@@ -91,7 +93,7 @@ class StaticGPT2(torch.nn.Module):
             else:
                 keys.index_copy_(2, slots, k)  # [B, H, T, D] <- [B, H, S, D]
                 values.index_copy_(2, slots, v)
-            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)  # [B, H, S, D]
+            a = F.scaled_dot_product_attention(q, keys[:, :, :T], values[:, :, :T], attn_mask=allowed)  # [B, H, S, D]
             x = x + F.linear(a.transpose(1, 2).reshape(B, S, self.n_embd), self.proj_w[i], self.proj_b[i])
             h = F.layer_norm(x, (self.n_embd,), self.ln2_w[i], self.ln2_b[i], self.eps)
             x = x + F.linear(F.gelu(F.linear(h, self.fc_w[i], self.fc_b[i]), approximate="tanh"), self.fc2_w[i], self.fc2_b[i])
