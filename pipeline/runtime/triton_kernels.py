@@ -239,14 +239,16 @@ def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, toke
     row to arrive advances the shared start and step (every row has read them by then)."""
     row = tl.program_id(0)
     i = tl.arange(0, BLOCK)
+    # every load first, so that they wait together rather than the scalars' behind the reduction
     best = tl.load(best_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=float("-inf"))
     column = tl.load(best_index_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=0)
-    token = tl.sum(tl.where(i == tl.argmax(best, 0, tie_break_left=True), column, 0), 0).to(tl.int64)
     step = tl.load(step_ptr)
     start = tl.load(start_ptr)
+    position = tl.load(position_ptr + row)
+    token = tl.sum(tl.where(i == tl.argmax(best, 0, tie_break_left=True), column, 0), 0).to(tl.int64)
     tl.store(token_ptr + row, token)
     tl.store(tokens_ptr + row * tokens_stride + step, token)
-    tl.store(position_ptr + row, tl.load(position_ptr + row) + 1)
+    tl.store(position_ptr + row, position + 1)
     if start + 1 < T:
         tl.store(slot_mask_ptr + row * T + start + 1, 1)
     if tl.atomic_add(arrivals_ptr, 1, sem="acq_rel") == B - 1:
