@@ -21,7 +21,16 @@ weights back: _tile_product). The residual stream is kept in fp32 between kernel
 activations that feed a matrix product are in the model's dtype. The step's slot is read from a
 device scalar, so one CUDA graph of these launches serves every step. For greedy decoding the LM head also leaves each
 program's row maxima and greedy_advance turns them into the next token and the next step's inputs,
-one more launch in place of the host's argmax and input copies."""
+one more launch in place of the host's argmax and input copies.
+
+With pdl (programmatic dependent launch, Hopper and later) a launch may start while the one before
+it is still running: each program requests what no earlier launch writes (weights, biases, the
+step's slot, the greedy counters) first, waits (gdc_wait) before it reads the previous launch's
+output or writes anything, and lets the next launch start (gdc_launch_dependents) once its own
+loads are done, so the next launch's programs take multiprocessors as this one's free them. A
+program can only start once every program of the launch before has made that call, and those have
+all waited on theirs, so what a program reads before its wait was written two launches back or
+more, and complete."""
 
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -85,7 +95,7 @@ def _tile_product(x_ptr, w_ptr, w_sums_ptr, rm, rn, row_in, col_in, eps, K: tl.c
 
 @triton.jit
 def _row_product(x_ptr, w_ptr, row, rn, col_in, eps, K: tl.constexpr, LN: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr):
+                 SPLIT_K: tl.constexpr, PDL: tl.constexpr):
     """LN?(x[row]) @ w[rn]^T over this program's K slice, [1, BLOCK_N], in CUDA-core FMAs with the
     whole slice in one load (BLOCK_K >= K / SPLIT_K). For one row a step reads each weight once and
     does almost no arithmetic, so what counts is how many of its bytes are in flight: all of them,
@@ -94,6 +104,8 @@ def _row_product(x_ptr, w_ptr, row, rn, col_in, eps, K: tl.constexpr, LN: tl.con
     rk = k_slice + tl.arange(0, BLOCK_K)
     k_in = rk < k_slice + K // SPLIT_K
     w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
+    if PDL:
+        gdc_wait()
     x = tl.load(x_ptr + row * K + rk, mask=k_in, other=0.0).to(tl.float32)
     if LN:  # SPLIT_K is 1 here: the slice is the whole row, in registers, so the variance can take a second pass
         x = tl.where(k_in, x - tl.sum(x, 0) / K, 0.0)
@@ -110,7 +122,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
                          RESIDUAL: tl.constexpr, QKV: tl.constexpr, DOT_PRECISION: tl.constexpr,
                          best_ptr, best_index_ptr, ARGMAX: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                         REF_COLS: tl.constexpr):
+                         REF_COLS: tl.constexpr, PDL: tl.constexpr):
     """out[M, N] = epilogue(LN?(x[M, K]) @ w[N, K]^T), as tensor-core tiles or, BLOCK_M 1, one row
     per program in row products (_tile_product, _row_product).
 
@@ -132,10 +144,14 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
     if QKV:
         slot = tl.load(slot_ptr)
     if BLOCK_M == 1:
-        acc = _row_product(x_ptr, w_ptr, tl.program_id(0), rn, col_in, eps, K, LN, BLOCK_K, SPLIT_K)
+        acc = _row_product(x_ptr, w_ptr, tl.program_id(0), rn, col_in, eps, K, LN, BLOCK_K, SPLIT_K, PDL)
     else:
+        if PDL:
+            gdc_wait()
         acc = _tile_product(x_ptr, w_ptr, w_sums_ptr, rm, rn, row_in, col_in, eps, K, LN, DOT_PRECISION, BLOCK_M,
                             BLOCK_N, BLOCK_K, SPLIT_K, REF_COLS)
+    if PDL:  # this program's loads are done: the next launch may start taking multiprocessors as they free up
+        gdc_launch_dependents()
     if BIAS:
         acc += bias.to(tl.float32)[None, :]
     if GELU:
@@ -170,7 +186,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
 def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slot_ptr, out_ptr,
                              partial_ptr, arrivals_ptr, cache_row_stride, cache_head_stride, scale,
                              T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
-                             SHARE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+                             SHARE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     """out[row, head] = softmax(q . k[t] * scale over live slots t) . v, for t <= slot whose
     slot_mask is set (the query's own slot always counts): only the filled part of the cache is read.
 
@@ -183,8 +199,10 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
     row = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + row * H * D + head * D + d).to(tl.float32) * scale
     slot = tl.load(slot_ptr)
+    if PDL:
+        gdc_wait()
+    q = tl.load(q_ptr + row * H * D + head * D + d).to(tl.float32) * scale
     lo = tl.program_id(2) * SHARE
     cache = row * cache_row_stride + head * cache_head_stride
     # -1e30 rather than -inf: a block with no live slot then adds exp(-inf) = 0, never inf - inf
@@ -208,6 +226,8 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
             acc = acc * alpha + tl.sum(p[:, None] * v, 0)
             l_i = l_i * alpha + tl.sum(p, 0)
             m_i = m_new
+    if PDL:
+        gdc_launch_dependents()
     out = out_ptr + row * H * D + head * D + d
     if SPLITS == 1:
         tl.store(out, (acc / l_i).to(out_ptr.dtype.element_ty))
@@ -232,7 +252,8 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
 
 @triton.jit
 def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, tokens_stride, step_ptr, position_ptr,
-                           start_ptr, slot_mask_ptr, arrivals_ptr, B, T, PARTIALS: tl.constexpr, BLOCK: tl.constexpr):
+                           start_ptr, slot_mask_ptr, arrivals_ptr, B, T, PARTIALS: tl.constexpr, BLOCK: tl.constexpr,
+                           PDL: tl.constexpr):
     """For one row: the argmax of its logits from the LM head's per-program maxima (the first
     column on ties, as torch.argmax); it becomes the row's next input token and
     tokens[row, *step]; the row's position advances and its next slot is marked real. The last
@@ -240,11 +261,13 @@ def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, toke
     row = tl.program_id(0)
     i = tl.arange(0, BLOCK)
     # every load first, so that they wait together rather than the scalars' behind the reduction
-    best = tl.load(best_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=float("-inf"))
-    column = tl.load(best_index_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=0)
     step = tl.load(step_ptr)
     start = tl.load(start_ptr)
     position = tl.load(position_ptr + row)
+    if PDL:
+        gdc_wait()
+    best = tl.load(best_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=float("-inf"))
+    column = tl.load(best_index_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=0)
     token = tl.sum(tl.where(i == tl.argmax(best, 0, tie_break_left=True), column, 0), 0).to(tl.int64)
     tl.store(token_ptr + row, token)
     tl.store(tokens_ptr + row * tokens_stride + step, token)
@@ -295,13 +318,13 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
                  ln: tuple[torch.Tensor, float] | None = None, gelu: bool = False,
                  residual: bool = False, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
                  n: int | None = None, config: LinearConfig | None = None,
-                 argmax: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 argmax: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False) -> None:
     """out = epilogue(LN?(x) @ w[:n]^T + bias). x [M, K] contiguous; w [>= n, K]; ln = (w_sums, eps)
     for a layer norm whose weight and bias are folded into w and bias, w_sums = w.float().sum(1) (the
     tiles normalise after the product); qkv = (k_cache, v_cache, slot tensor, head_dim) routes the
     output as _fused_linear_kernel describes; argmax = (best fp32, best_index int32), each
     [M, argmax_partials(...)], gets each program's row maxima (greedy_advance reduces them). config
-    overrides the tuned tiles (tests, tuning)."""
+    overrides the tuned tiles (tests, tuning). pdl: programmatic dependent launch (module docstring)."""
     m, k = x.shape
     n = w.shape[0] if n is None else n
     cfg = config or linear_config(m, n, k, residual)
@@ -334,7 +357,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
         best_ptr=best, best_index_ptr=best_index, ARGMAX=argmax is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
         REF_COLS=min(64, 1 << (k.bit_length() - 1)),  # a power of two, at most K
-        num_warps=cfg.warps, num_stages=cfg.stages)
+        PDL=pdl, launch_pdl=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
 
 
 @dataclass(frozen=True)
@@ -359,10 +382,10 @@ def attention_partials(batch: int, heads: int, head_dim: int, config: AttentionC
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mask: torch.Tensor,
                      slot: torch.Tensor, out: torch.Tensor, partial: torch.Tensor, arrivals: torch.Tensor,
-                     config: AttentionConfig | None = None) -> None:
+                     config: AttentionConfig | None = None, pdl: bool = False) -> None:
     """q/out [B, H * D]; caches [B, H, T, D] contiguous; slot_mask [B, T]; slot a device scalar;
     partial fp32 of attention_partials(...) and arrivals int32 [B, H] zeros, the split programs'
-    meeting place (see _decode_attention_kernel). config overrides the tuned one."""
+    meeting place (see _decode_attention_kernel). config overrides the tuned one; pdl as fused_linear."""
     batch, heads, length, head_dim = k_cache.shape
     cfg = config or attention_config(batch)
     needed = attention_partials(batch, heads, head_dim, cfg)
@@ -373,7 +396,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q, k_cache, v_cache, slot_mask, slot, out, partial, arrivals, k_cache.stride(0), k_cache.stride(1),
         head_dim ** -0.5, T=length, H=heads, D=head_dim,
         BLOCK_T=min(cfg.block_t, triton.next_power_of_2(share)), SHARE=share, SPLITS=cfg.splits,
-        BLOCK_S=triton.next_power_of_2(cfg.splits), num_warps=cfg.warps)
+        BLOCK_S=triton.next_power_of_2(cfg.splits), PDL=pdl, launch_pdl=pdl, num_warps=cfg.warps)
 
 
 def embed(token: torch.Tensor, position: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor, x: torch.Tensor) -> None:
@@ -388,11 +411,11 @@ def argmax_partials(m: int, vocab: int, k: int) -> int:
 
 def greedy_advance(best: torch.Tensor, best_index: torch.Tensor, token: torch.Tensor, tokens: torch.Tensor,
                    step: torch.Tensor, position: torch.Tensor, start: torch.Tensor, slot_mask: torch.Tensor,
-                   arrivals: torch.Tensor) -> None:
+                   arrivals: torch.Tensor, pdl: bool = False) -> None:
     """The greedy step's tail in one launch (see _greedy_advance_kernel). best / best_index [B, P] from
     fused_linear(..., argmax=); token / position [B, 1]; tokens [B, N]; step [1]; start a scalar;
-    slot_mask [B, T] bool; arrivals an int32 counter, zero between launches."""
+    slot_mask [B, T] bool; arrivals an int32 counter, zero between launches; pdl as fused_linear."""
     batch, partials = best.shape
     _greedy_advance_kernel[(batch,)](best, best_index, token, tokens, tokens.stride(0), step, position, start,
                                      slot_mask, arrivals, batch, slot_mask.shape[1], PARTIALS=partials,
-                                     BLOCK=triton.next_power_of_2(partials))
+                                     BLOCK=triton.next_power_of_2(partials), PDL=pdl, launch_pdl=pdl)
