@@ -74,9 +74,10 @@ class StaticGPT2(torch.nn.Module):
         start: the first slot written, an int (a prefill) or a scalar int64 tensor (a decode step,
         whose one graph then serves every slot); cache as new_cache(). -> logits [B, S or 1, V]"""
         B, S = input_ids.shape
+        prefill = isinstance(start, int)  # a decode step's start is a tensor: one graph for every slot
         # a prefill's slots past its own hold nothing yet: attention reads only up to them (a decode
-        # step's start is a tensor, one graph for every slot, so it masks the whole cache instead)
-        T = start + S if isinstance(start, int) else cache[0].shape[2]
+        # step masks the whole cache instead)
+        T = start + S if prefill else cache[0].shape[2]
         slots = start + torch.arange(S, device=input_ids.device)  # [S]
         t = torch.arange(T, device=input_ids.device)
         # [B, 1, S, T]: causal over slots, real tokens only; a query always sees itself (no empty rows)
@@ -87,7 +88,7 @@ class StaticGPT2(torch.nn.Module):
             h = F.layer_norm(x, (self.n_embd,), self.ln1_w[i], self.ln1_b[i], self.eps)
             q, k, v = F.linear(h, self.qkv_w[i], self.qkv_b[i]).view(B, S, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
             keys, values = cache[2 * i], cache[2 * i + 1]
-            if isinstance(start, int):  # a slice copy: index_copy_ from these strided views is 3x slower
+            if prefill:  # a slice copy: index_copy_ from these strided views is 3x slower
                 keys[:, :, start:start + S].copy_(k)
                 values[:, :, start:start + S].copy_(v)
             else:
