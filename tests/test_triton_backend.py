@@ -122,13 +122,15 @@ def test_split_k_needs_a_residual_fp32_output():
 
 @pytest.mark.parametrize("splits", [1, 2, 3, 4])
 @pytest.mark.parametrize("block_t", [8, 64])
-def test_attention_over_several_blocks_and_splits(block_t, splits):
+@pytest.mark.parametrize("slot", [0, 40, 63])
+def test_attention_over_several_blocks_and_splits(block_t, splits, slot):
     """The online softmax across blocks (BLOCK_T smaller than a program's share) and the merge of
     the split programs' partials equal one softmax over the live slots; padding slots and slots past
-    the step's are left out, and the arrival counters are left at zero for the next launch."""
+    the step's are left out, the step's own slot counts wherever it falls (first slot, inside a
+    share, last slot), and the arrival counters are left at zero for the next launch."""
     from pipeline.runtime.triton_kernels import AttentionConfig, attention_partials, decode_attention
     torch.manual_seed(2)
-    b, h, t, d, slot = 2, 2, 64, 16, 40
+    b, h, t, d = 2, 2, 64, 16
     q, k, v = torch.randn(b, h * d), torch.randn(b, h, t, d), torch.randn(b, h, t, d)
     mask = torch.ones(b, t, dtype=torch.bool)
     mask[1, :25] = False  # row 1 is left-padded
@@ -136,7 +138,7 @@ def test_attention_over_several_blocks_and_splits(block_t, splits):
     config = AttentionConfig(splits, warps=4, block_t=block_t)
     partial = torch.empty(attention_partials(b, h, d, config))
     decode_attention(q, k, v, mask, torch.tensor(slot), out, partial, arrivals, config=config)
-    live = (mask & (torch.arange(t) <= slot))[:, None, None, :]
+    live = ((mask & (torch.arange(t) <= slot)) | (torch.arange(t) == slot))[:, None, None, :]  # the own slot, padded or not
     expected = torch.nn.functional.scaled_dot_product_attention(q.view(b, h, 1, d), k, v, attn_mask=live)
     torch.testing.assert_close(out, expected.reshape(b, h * d), rtol=1e-5, atol=1e-5)
     assert not arrivals.any()

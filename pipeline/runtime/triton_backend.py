@@ -37,11 +37,14 @@ class TritonBackend(StaticCacheBackend):
         # programmatic dependent launch (triton_kernels' docstring) needs Hopper's griddepcontrol
         self.pdl_capable = self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (9, 0)
 
-    def pdl(self, batch: int) -> bool:
-        """Measured on an H200, decode graph: batch 8 305 -> 283 us, batch 64 472 -> 438 us; but batch 1
-        229 -> 240 us, whose row-product launches request all their weights before the wait and so
-        compete with the launch still running."""
-        return self.pdl_capable and batch > 1
+    def streams_weights(self, batch: int) -> bool:
+        """Whether every launch lets the next start at once (triton_kernels' docstring: early) rather
+        than only the QKV launch, whose attention requests most of the cache before it waits. Measured
+        on an H200, decode graph: batch 1 227.6 -> 174.0 us, where each row product requests its whole
+        weight slice before it waits, so launches to come stream their weights in while earlier ones
+        compute; but batch 8 271 -> 315 us and batch 64 428 -> 488 us, whose tiles request nothing
+        before their wait, so an early start only holds multiprocessors the launches before need."""
+        return batch == 1
 
     def new_slot(self, batch: int, length: int) -> CacheSlot:
         s = super().new_slot(batch, length)
@@ -66,22 +69,24 @@ class TritonBackend(StaticCacheBackend):
         b = s.scratch
         self.decode_step(s, argmax=(b["best"], b["best_index"]))
         greedy_advance(b["best"], b["best_index"], s.token, s.greedy_tokens, s.step, s.position, s.start,
-                       s.slot_mask, b["arrivals"], pdl=self.pdl(len(s.token)))
+                       s.slot_mask, b["arrivals"], pdl=self.pdl_capable)
 
     def decode_step(self, s: CacheSlot, argmax: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         net, b = self.net, s.scratch
         x, q, attention, hidden = b["x"], b["q"], b["attention"], b["hidden"]
-        pdl = self.pdl(len(s.token))  # every launch after the embedding, which follows the host's copies
+        pdl = self.pdl_capable  # every launch after the embedding, which follows the host's copies
+        early = pdl and self.streams_weights(len(s.token))
         embed(s.token, s.position, net.wte, net.wpe, x)
         for i in range(net.n_layer):
             keys, values = s.cache[2 * i], s.cache[2 * i + 1]
             fused_linear(x, net.qkv_w[i], q, net.qkv_b[i], ln=(self.qkv_sums[i], net.eps),
-                         qkv=(keys, values, s.start, net.head_dim), pdl=pdl)
+                         qkv=(keys, values, s.start, net.head_dim), pdl=pdl, early=pdl)
             decode_attention(q, keys, values, s.slot_mask, s.start, attention, b["attention_partial"],
-                             b["attention_arrivals"], pdl=pdl)
-            fused_linear(attention, net.proj_w[i], x, net.proj_b[i], residual=True, pdl=pdl)
-            fused_linear(x, net.fc_w[i], hidden, net.fc_b[i], ln=(self.fc_sums[i], net.eps), gelu=True, pdl=pdl)
-            fused_linear(hidden, net.fc2_w[i], x, net.fc2_b[i], residual=True, pdl=pdl)
+                             b["attention_arrivals"], pdl=pdl, early=early)
+            fused_linear(attention, net.proj_w[i], x, net.proj_b[i], residual=True, pdl=pdl, early=early)
+            fused_linear(x, net.fc_w[i], hidden, net.fc_b[i], ln=(self.fc_sums[i], net.eps), gelu=True, pdl=pdl,
+                         early=early)
+            fused_linear(hidden, net.fc2_w[i], x, net.fc2_b[i], residual=True, pdl=pdl, early=early)
         fused_linear(x, net.head_w, b["logits"], net.head_b, ln=(self.head_sums, net.eps), n=self.vocab_size,
-                     argmax=argmax, pdl=pdl)
+                     argmax=argmax, pdl=pdl, early=early)
         return b["logits"]

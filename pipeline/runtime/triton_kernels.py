@@ -24,13 +24,16 @@ program's row maxima and greedy_advance turns them into the next token and the n
 one more launch in place of the host's argmax and input copies.
 
 With pdl (programmatic dependent launch, Hopper and later) a launch may start while the one before
-it is still running: each program requests what no earlier launch writes (weights, biases, the
-step's slot, the greedy counters) first, waits (gdc_wait) before it reads the previous launch's
-output or writes anything, and lets the next launch start (gdc_launch_dependents) once its own
-loads are done, so the next launch's programs take multiprocessors as this one's free them. A
-program can only start once every program of the launch before has made that call, and those have
-all waited on theirs, so what a program reads before its wait was written two launches back or
-more, and complete."""
+it is still running: each program requests what no launch of this step writes (weights, biases, the
+step's slot and counters, the cache slots of earlier steps) first, waits (gdc_wait) before it reads
+anything the step writes or writes anything itself, and lets the next launch start
+(gdc_launch_dependents) once its own loads are done, so the next launch's programs take
+multiprocessors as this one's free them; or, with early, as soon as it starts, where the next
+launch has loads of its own to make before its wait: attention's cache after the QKV launch, and
+at batch 1 every row product's weight slice, so that the weights of launches to come stream in
+while earlier ones compute. A wait returns once the launch before has completed, which it can only
+do after its own wait, so every launch before that one has completed too; and what a program
+reads before its wait was written before the step began."""
 
 from __future__ import annotations
 
@@ -122,7 +125,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
                          RESIDUAL: tl.constexpr, QKV: tl.constexpr, DOT_PRECISION: tl.constexpr,
                          best_ptr, best_index_ptr, ARGMAX: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                         REF_COLS: tl.constexpr, PDL: tl.constexpr):
+                         REF_COLS: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     """out[M, N] = epilogue(LN?(x[M, K]) @ w[N, K]^T), as tensor-core tiles or, BLOCK_M 1, one row
     per program in row products (_tile_product, _row_product).
 
@@ -135,6 +138,8 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
     SPLIT_K > 1 (RESIDUAL only, out fp32): program_id(2) takes one K / SPLIT_K slice and adds its
     partial product into out atomically, so a narrow output still spreads over many programs. The
     order of those fp32 additions is not fixed, so results are not bit-identical from run to run."""
+    if PDL and EARLY:
+        gdc_launch_dependents()
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_in, col_in = rm < M, rn < N
@@ -150,7 +155,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
             gdc_wait()
         acc = _tile_product(x_ptr, w_ptr, w_sums_ptr, rm, rn, row_in, col_in, eps, K, LN, DOT_PRECISION, BLOCK_M,
                             BLOCK_N, BLOCK_K, SPLIT_K, REF_COLS)
-    if PDL:  # this program's loads are done: the next launch may start taking multiprocessors as they free up
+    if PDL and not EARLY:  # this program's loads are done: the next launch may start taking multiprocessors as they free up
         gdc_launch_dependents()
     if BIAS:
         acc += bias.to(tl.float32)[None, :]
@@ -186,9 +191,15 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
 def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slot_ptr, out_ptr,
                              partial_ptr, arrivals_ptr, cache_row_stride, cache_head_stride, scale,
                              T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
-                             SHARE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+                             SHARE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+                             EARLY: tl.constexpr):
     """out[row, head] = softmax(q . k[t] * scale over live slots t) . v, for t <= slot whose
     slot_mask is set (the query's own slot always counts): only the filled part of the cache is read.
+
+    The slots before the step's were written by earlier steps, so a program requests its first
+    block of them before it waits for the launch before (which writes q and the step's own slot),
+    and each block's successor while it computes on the block: the cache streams in rather than
+    arriving one dependent block at a time. The own slot starts the online softmax.
 
     SPLITS > 1 (flash-decoding): program_id(2) takes the slots [SHARE * i, SHARE * (i + 1)) and
     leaves its running max, sum and weighted values in partial [B, H, SPLITS, D + 2]; the last of a
@@ -196,37 +207,48 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
     merge costs no launch. Shares are fixed slices of the cache rather than equal parts of the
     filled slots: a program past the step's slot has nothing to do, but every load's alignment is
     known at compile time (equal parts of the filled slots measured 3-4% slower per step)."""
+    if PDL and EARLY:
+        gdc_launch_dependents()
     row = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, D)
     slot = tl.load(slot_ptr)
+    lo = tl.program_id(2) * SHARE
+    cache = row * cache_row_stride + head * cache_head_stride
+    t = lo + tl.arange(0, BLOCK_T)
+    earlier = (t < slot) & (t < lo + SHARE)
+    k_next = tl.load(k_cache_ptr + cache + t[:, None] * D + d[None, :], mask=earlier[:, None], other=0.0)
+    v_next = tl.load(v_cache_ptr + cache + t[:, None] * D + d[None, :], mask=earlier[:, None], other=0.0)
+    real_next = tl.load(slot_mask_ptr + row * T + t, mask=earlier, other=0)
     if PDL:
         gdc_wait()
     q = tl.load(q_ptr + row * H * D + head * D + d).to(tl.float32) * scale
-    lo = tl.program_id(2) * SHARE
-    cache = row * cache_row_stride + head * cache_head_stride
-    # -1e30 rather than -inf: a block with no live slot then adds exp(-inf) = 0, never inf - inf
-    m_i = tl.zeros((1,), tl.float32) - 1e30
-    l_i = tl.zeros((1,), tl.float32)
-    acc = tl.zeros((D,), tl.float32)
-    for j in range(tl.cdiv(SHARE, BLOCK_T)):
-        t0 = lo + j * BLOCK_T
-        if t0 <= slot:
-            t = t0 + tl.arange(0, BLOCK_T)
-            filled = (t <= slot) & (t < lo + SHARE)
-            real = tl.load(slot_mask_ptr + row * T + t, mask=filled, other=0) != 0
-            live = filled & (real | (t == slot))
-            offsets = cache + t[:, None] * D + d[None, :]
-            k = tl.load(k_cache_ptr + offsets, mask=filled[:, None], other=0.0).to(tl.float32)
-            v = tl.load(v_cache_ptr + offsets, mask=filled[:, None], other=0.0).to(tl.float32)
-            s = tl.where(live, tl.sum(k * q[None, :], 1), float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 0))
-            p = tl.exp(s - m_new)
-            alpha = tl.exp(m_i - m_new)
-            acc = acc * alpha + tl.sum(p[:, None] * v, 0)
-            l_i = l_i * alpha + tl.sum(p, 0)
-            m_i = m_new
-    if PDL:
+    has_own = (slot >= lo) & (slot < lo + SHARE)  # this program's share holds the step's own slot
+    own = cache + slot * D + d
+    has_own_d = (tl.zeros_like(d) + slot >= lo) & (tl.zeros_like(d) + slot < lo + SHARE)  # the interpreter wants a vector mask
+    k_own = tl.load(k_cache_ptr + own, mask=has_own_d, other=0.0).to(tl.float32)
+    acc = tl.load(v_cache_ptr + own, mask=has_own_d, other=0.0).to(tl.float32)
+    # -1e30 rather than -inf where the own slot is not here: a block with no live slot then adds
+    # exp(-inf) = 0, never inf - inf
+    m_i = tl.where(has_own, tl.sum(k_own * q, 0), -1e30) + tl.zeros((1,), tl.float32)
+    l_i = tl.where(has_own, 1.0, 0.0) + tl.zeros((1,), tl.float32)
+    for _ in range(tl.cdiv(SHARE, BLOCK_T)):
+        k = k_next.to(tl.float32)
+        v = v_next.to(tl.float32)
+        live = earlier & (real_next != 0)
+        t += BLOCK_T
+        earlier = (t < slot) & (t < lo + SHARE)
+        k_next = tl.load(k_cache_ptr + cache + t[:, None] * D + d[None, :], mask=earlier[:, None], other=0.0)
+        v_next = tl.load(v_cache_ptr + cache + t[:, None] * D + d[None, :], mask=earlier[:, None], other=0.0)
+        real_next = tl.load(slot_mask_ptr + row * T + t, mask=earlier, other=0)
+        s = tl.where(live, tl.sum(k * q[None, :], 1), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        p = tl.exp(s - m_new)
+        alpha = tl.exp(m_i - m_new)
+        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        m_i = m_new
+    if PDL and not EARLY:
         gdc_launch_dependents()
     out = out_ptr + row * H * D + head * D + d
     if SPLITS == 1:
@@ -318,13 +340,14 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
                  ln: tuple[torch.Tensor, float] | None = None, gelu: bool = False,
                  residual: bool = False, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
                  n: int | None = None, config: LinearConfig | None = None,
-                 argmax: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False) -> None:
+                 argmax: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False, early: bool = False) -> None:
     """out = epilogue(LN?(x) @ w[:n]^T + bias). x [M, K] contiguous; w [>= n, K]; ln = (w_sums, eps)
     for a layer norm whose weight and bias are folded into w and bias, w_sums = w.float().sum(1) (the
     tiles normalise after the product); qkv = (k_cache, v_cache, slot tensor, head_dim) routes the
     output as _fused_linear_kernel describes; argmax = (best fp32, best_index int32), each
     [M, argmax_partials(...)], gets each program's row maxima (greedy_advance reduces them). config
-    overrides the tuned tiles (tests, tuning). pdl: programmatic dependent launch (module docstring)."""
+    overrides the tuned tiles (tests, tuning). pdl: programmatic dependent launch, early: with the next
+    launch let start at once rather than after this one's loads (module docstring)."""
     m, k = x.shape
     n = w.shape[0] if n is None else n
     cfg = config or linear_config(m, n, k, residual)
@@ -357,7 +380,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
         best_ptr=best, best_index_ptr=best_index, ARGMAX=argmax is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
         REF_COLS=min(64, 1 << (k.bit_length() - 1)),  # a power of two, at most K
-        PDL=pdl, launch_pdl=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
+        PDL=pdl, EARLY=early, launch_pdl=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
 
 
 @dataclass(frozen=True)
@@ -365,14 +388,17 @@ class AttentionConfig:
     splits: int  # programs per (row, head), each over its share of the filled slots
     warps: int
     block_t: int = 256  # slots per step of a program's walk over its share (at most)
+    registers: int | None = None  # a cap per thread, where more programs per multiprocessor pay (ptxas' maxnreg)
 
 
 def attention_config(batch: int) -> AttentionConfig:
     """Chosen by timing the whole decode step at batch 1, 8 and 64 on an H200 (decode_notes_h200.md):
-    a few rows leave most multiprocessors idle unless each head's cache walk is split."""
+    a few rows leave most multiprocessors idle unless each head's cache walk is split. At batch 64
+    the 3,072 one-warp programs fit the 132 multiprocessors at once only at 80 registers or fewer
+    (25 a multiprocessor; uncapped the kernel takes 96, and a second wave costs 15 us a step)."""
     if batch <= 4:
-        return AttentionConfig(splits=8, warps=4)
-    return AttentionConfig(splits=1, warps=8) if batch <= 16 else AttentionConfig(splits=4, warps=2)
+        return AttentionConfig(splits=8, warps=2, block_t=32)
+    return AttentionConfig(splits=1, warps=8) if batch <= 16 else AttentionConfig(splits=4, warps=1, block_t=16, registers=80)
 
 
 def attention_partials(batch: int, heads: int, head_dim: int, config: AttentionConfig | None = None) -> torch.Size:
@@ -382,10 +408,11 @@ def attention_partials(batch: int, heads: int, head_dim: int, config: AttentionC
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mask: torch.Tensor,
                      slot: torch.Tensor, out: torch.Tensor, partial: torch.Tensor, arrivals: torch.Tensor,
-                     config: AttentionConfig | None = None, pdl: bool = False) -> None:
+                     config: AttentionConfig | None = None, pdl: bool = False, early: bool = False) -> None:
     """q/out [B, H * D]; caches [B, H, T, D] contiguous; slot_mask [B, T]; slot a device scalar;
     partial fp32 of attention_partials(...) and arrivals int32 [B, H] zeros, the split programs'
-    meeting place (see _decode_attention_kernel). config overrides the tuned one; pdl as fused_linear."""
+    meeting place (see _decode_attention_kernel). config overrides the tuned one; pdl and early as
+    fused_linear."""
     batch, heads, length, head_dim = k_cache.shape
     cfg = config or attention_config(batch)
     needed = attention_partials(batch, heads, head_dim, cfg)
@@ -396,7 +423,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q, k_cache, v_cache, slot_mask, slot, out, partial, arrivals, k_cache.stride(0), k_cache.stride(1),
         head_dim ** -0.5, T=length, H=heads, D=head_dim,
         BLOCK_T=min(cfg.block_t, triton.next_power_of_2(share)), SHARE=share, SPLITS=cfg.splits,
-        BLOCK_S=triton.next_power_of_2(cfg.splits), PDL=pdl, launch_pdl=pdl, num_warps=cfg.warps)
+        BLOCK_S=triton.next_power_of_2(cfg.splits), PDL=pdl, EARLY=early, launch_pdl=pdl, num_warps=cfg.warps,
+        **({"maxnreg": cfg.registers} if cfg.registers else {}))
 
 
 def embed(token: torch.Tensor, position: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor, x: torch.Tensor) -> None:
