@@ -138,7 +138,8 @@ def test_attention_over_several_blocks_and_splits(block_t, splits, slot):
     config = AttentionConfig(splits, warps=4, block_t=block_t)
     partial = torch.empty(attention_partials(b, h, d, config))
     decode_attention(q, k, v, mask, torch.tensor(slot), out, partial, arrivals, config=config)
-    live = ((mask & (torch.arange(t) <= slot)) | (torch.arange(t) == slot))[:, None, None, :]  # the own slot, padded or not
+    own = torch.arange(t) == slot  # counts even where the mask says padding
+    live = ((mask & (torch.arange(t) <= slot)) | own)[:, None, None, :]
     expected = torch.nn.functional.scaled_dot_product_attention(q.view(b, h, 1, d), k, v, attn_mask=live)
     torch.testing.assert_close(out, expected.reshape(b, h * d), rtol=1e-5, atol=1e-5)
     assert not arrivals.any()

@@ -79,6 +79,7 @@ class TritonBackend(StaticCacheBackend):
         embed(s.token, s.position, net.wte, net.wpe, x)
         for i in range(net.n_layer):
             keys, values = s.cache[2 * i], s.cache[2 * i + 1]
+            # early at every batch: attention requests most of the cache before its wait
             fused_linear(x, net.qkv_w[i], q, net.qkv_b[i], ln=(self.qkv_sums[i], net.eps),
                          qkv=(keys, values, s.start, net.head_dim), pdl=pdl, early=pdl)
             decode_attention(q, keys, values, s.slot_mask, s.start, attention, b["attention_partial"],

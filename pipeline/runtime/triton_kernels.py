@@ -155,7 +155,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
             gdc_wait()
         acc = _tile_product(x_ptr, w_ptr, w_sums_ptr, rm, rn, row_in, col_in, eps, K, LN, DOT_PRECISION, BLOCK_M,
                             BLOCK_N, BLOCK_K, SPLIT_K, REF_COLS)
-    if PDL and not EARLY:  # this program's loads are done: the next launch may start taking multiprocessors as they free up
+    if PDL and not EARLY:  # this program's loads are done: the next launch may take multiprocessors as they free
         gdc_launch_dependents()
     if BIAS:
         acc += bias.to(tl.float32)[None, :]
@@ -188,6 +188,15 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
 
 
 @triton.jit
+def _cache_block(k_cache_ptr, v_cache_ptr, slot_mask_ptr, cache, row, t, wanted, T: tl.constexpr, D: tl.constexpr):
+    """The keys, values and slot-mask entries of slots t of one (row, head), those wanted only (zero elsewhere)."""
+    offsets = cache + t[:, None] * D + tl.arange(0, D)[None, :]
+    keys = tl.load(k_cache_ptr + offsets, mask=wanted[:, None], other=0.0)
+    values = tl.load(v_cache_ptr + offsets, mask=wanted[:, None], other=0.0)
+    return keys, values, tl.load(slot_mask_ptr + row * T + t, mask=wanted, other=0)
+
+
+@triton.jit
 def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slot_ptr, out_ptr,
                              partial_ptr, arrivals_ptr, cache_row_stride, cache_head_stride, scale,
                              T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -217,15 +226,14 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
     cache = row * cache_row_stride + head * cache_head_stride
     t = lo + tl.arange(0, BLOCK_T)
     earlier = (t < slot) & (t < lo + SHARE)
-    k_next = tl.load(k_cache_ptr + cache + t[:, None] * D + d[None, :], mask=earlier[:, None], other=0.0)
-    v_next = tl.load(v_cache_ptr + cache + t[:, None] * D + d[None, :], mask=earlier[:, None], other=0.0)
-    real_next = tl.load(slot_mask_ptr + row * T + t, mask=earlier, other=0)
+    k_next, v_next, real_next = _cache_block(k_cache_ptr, v_cache_ptr, slot_mask_ptr, cache, row, t, earlier, T, D)
     if PDL:
         gdc_wait()
     q = tl.load(q_ptr + row * H * D + head * D + d).to(tl.float32) * scale
     has_own = (slot >= lo) & (slot < lo + SHARE)  # this program's share holds the step's own slot
     own = cache + slot * D + d
-    has_own_d = (tl.zeros_like(d) + slot >= lo) & (tl.zeros_like(d) + slot < lo + SHARE)  # the interpreter wants a vector mask
+    # has_own as a vector: Triton's interpreter refuses a scalar mask
+    has_own_d = (tl.zeros_like(d) + slot >= lo) & (tl.zeros_like(d) + slot < lo + SHARE)
     k_own = tl.load(k_cache_ptr + own, mask=has_own_d, other=0.0).to(tl.float32)
     acc = tl.load(v_cache_ptr + own, mask=has_own_d, other=0.0).to(tl.float32)
     # -1e30 rather than -inf where the own slot is not here: a block with no live slot then adds
@@ -238,9 +246,7 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
         live = earlier & (real_next != 0)
         t += BLOCK_T
         earlier = (t < slot) & (t < lo + SHARE)
-        k_next = tl.load(k_cache_ptr + cache + t[:, None] * D + d[None, :], mask=earlier[:, None], other=0.0)
-        v_next = tl.load(v_cache_ptr + cache + t[:, None] * D + d[None, :], mask=earlier[:, None], other=0.0)
-        real_next = tl.load(slot_mask_ptr + row * T + t, mask=earlier, other=0)
+        k_next, v_next, real_next = _cache_block(k_cache_ptr, v_cache_ptr, slot_mask_ptr, cache, row, t, earlier, T, D)
         s = tl.where(live, tl.sum(k * q[None, :], 1), float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 0))
         p = tl.exp(s - m_new)
@@ -340,7 +346,8 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
                  ln: tuple[torch.Tensor, float] | None = None, gelu: bool = False,
                  residual: bool = False, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
                  n: int | None = None, config: LinearConfig | None = None,
-                 argmax: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False, early: bool = False) -> None:
+                 argmax: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False,
+                 early: bool = False) -> None:
     """out = epilogue(LN?(x) @ w[:n]^T + bias). x [M, K] contiguous; w [>= n, K]; ln = (w_sums, eps)
     for a layer norm whose weight and bias are folded into w and bias, w_sums = w.float().sum(1) (the
     tiles normalise after the product); qkv = (k_cache, v_cache, slot tensor, head_dim) routes the
@@ -398,7 +405,9 @@ def attention_config(batch: int) -> AttentionConfig:
     (25 a multiprocessor; uncapped the kernel takes 96, and a second wave costs 15 us a step)."""
     if batch <= 4:
         return AttentionConfig(splits=8, warps=2, block_t=32)
-    return AttentionConfig(splits=1, warps=8) if batch <= 16 else AttentionConfig(splits=4, warps=1, block_t=16, registers=80)
+    if batch <= 16:
+        return AttentionConfig(splits=1, warps=8)
+    return AttentionConfig(splits=4, warps=1, block_t=16, registers=80)
 
 
 def attention_partials(batch: int, heads: int, head_dim: int, config: AttentionConfig | None = None) -> torch.Size:
