@@ -148,7 +148,8 @@ def test_attention_over_several_blocks_and_splits(block_t, splits, slot):
 @pytest.mark.parametrize("block_m", [1, 16])
 def test_greedy_advance_takes_the_first_largest_column_and_moves_the_inputs_on(block_m):
     """The LM head's per-program maxima reduce to torch.argmax (first column on ties, across programs);
-    the token, its column of the output, the position, the slot mask, start and step all advance."""
+    the token, its column of the output, the position, the slot mask, start and step all advance, and
+    the next step's input embedding is written."""
     from pipeline.runtime.triton_kernels import LinearConfig, fused_linear, greedy_advance
     torch.manual_seed(5)
     x, w = torch.randn(3, 32), torch.randn(100, 32)
@@ -156,10 +157,42 @@ def test_greedy_advance_takes_the_first_largest_column_and_moves_the_inputs_on(b
     w[10] = w[70] = 1.0  # row 0: a tie between columns 10 and 70, seven programs apart
     logits, best, best_index = torch.empty(3, 100), torch.empty(3, 7), torch.empty(3, 7, dtype=torch.int32)
     fused_linear(x, w, logits, argmax=(best, best_index), config=LinearConfig(block_m, 16, 32))
+    # a greedy step's head leaves only the maxima: the same ones, and nothing written elsewhere
+    maxima, weights = (best.clone(), best_index.clone()), w.clone()
+    fused_linear(x, w, None, argmax=(best, best_index), config=LinearConfig(block_m, 16, 32))
+    assert torch.equal(best, maxima[0]) and torch.equal(best_index, maxima[1]) and torch.equal(w, weights)
+    with pytest.raises(ValueError, match="out is None"):
+        fused_linear(x, w, None)
     token, tokens, position = torch.zeros(3, 1, dtype=torch.long), torch.zeros(3, 4, dtype=torch.long), torch.tensor([[4], [2], [7]])
     step, start, slot_mask, arrivals = torch.tensor([2]), torch.tensor(5), torch.zeros(3, 8, dtype=torch.bool), torch.zeros(1, dtype=torch.int32)
-    greedy_advance(best, best_index, token, tokens, step, position, start, slot_mask, arrivals)
+    wpe, embedded = torch.randn(8, 32), torch.zeros(3, 32)  # 8 positions: row 2's next (8) is past the last
+    greedy_advance(best, best_index, token, tokens, step, position, start, slot_mask, arrivals, embedding=(w, wpe, embedded))
     expected = logits.argmax(-1)
     assert expected[0] == 10 and torch.equal(token[:, 0], expected) and torch.equal(tokens[:, 2], expected)
     assert position.tolist() == [[5], [3], [8]] and int(start) == 6 and int(step) == 3 and int(arrivals) == 0
     assert slot_mask[:, 6].all() and slot_mask.sum() == 3
+    # the next step's input, as the embedding launch would make it (the last position where none is left)
+    torch.testing.assert_close(embedded, w[expected] + wpe[[5, 3, 7]])
+
+
+@pytest.mark.parametrize("last_only", [False, True])
+def test_prefill_ops_match_pytorch(last_only):
+    """The prefill's fused residual add + layer norm (in place, also on the last position of each row)
+    and its one-launch cache write give what TorchOps' PyTorch ops give."""
+    from pipeline.runtime.prefill_kernels import TritonOps
+    from pipeline.runtime.static_gpt2 import TorchOps
+    torch.manual_seed(3)
+    x, y = torch.randn(2, 5, 48).half() * 4 + 2, torch.randn(2, 5, 48).half()
+    weight, bias = torch.rand(48) + 0.5, torch.randn(48)
+    if last_only:
+        x, y = x[:, -1:], y[:, -1:]
+    for add in (None, y):
+        expected = TorchOps.add_layer_norm(x.float(), None if add is None else add.float(), weight, bias, 1e-5)
+        fused = TritonOps.add_layer_norm(x.clone(), add, weight.half(), bias.half(), 1e-5)
+        for got, want in zip(fused, expected):
+            torch.testing.assert_close(got.float(), want, rtol=2e-3, atol=2e-3)
+    qkv = torch.randn(2, 5, 3 * 32)
+    caches = [[torch.zeros(2, 4, 9, 8) for _ in range(2)] for _ in range(2)]
+    TorchOps.write_cache(qkv, *caches[0], 3, torch.arange(3, 8))
+    TritonOps.write_cache(qkv, *caches[1], 3, torch.arange(3, 8))
+    assert caches[0][0][:, :, 3:8].abs().sum() > 0 and all(map(torch.equal, caches[0], caches[1]))

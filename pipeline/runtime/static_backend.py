@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import GPT2LMHeadModel
 
-from pipeline.runtime.static_gpt2 import StaticGPT2
+from pipeline.runtime.static_gpt2 import StaticGPT2, TorchOps
 from pipeline.runtime.torch_eager import TORCH_DTYPES
 
 CACHE_ROUNDING = 256
@@ -59,11 +59,12 @@ def capture(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch
 class StaticCacheBackend:
     name: str
     fold_layer_norms = False  # StaticGPT2's option: for kernels that fuse each norm into the product after it
+    prefill_ops = TorchOps  # StaticGPT2's option: what the prefill's elementwise work runs as
 
     def __init__(self, model: GPT2LMHeadModel, precision: str, device: str | torch.device, cuda_graphs: bool | None = None):
         self.precision, self.device = precision, torch.device(device)
         self.n_positions, self.vocab_size = model.config.n_positions, model.config.vocab_size
-        self.net = StaticGPT2(model, TORCH_DTYPES[precision], self.fold_layer_norms).to(self.device).eval()
+        self.net = StaticGPT2(model, TORCH_DTYPES[precision], self.fold_layer_norms, self.prefill_ops).to(self.device).eval()
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.slots: dict[tuple[int, int], CacheSlot] = {}
         self.slot: CacheSlot | None = None
@@ -96,6 +97,9 @@ class StaticCacheBackend:
             counter.add_(1)
         s.slot_mask.index_fill_(1, s.start.view(1), True)
 
+    def prepare_greedy(self, s: CacheSlot) -> None:
+        """Whatever greedy_step reads besides s.token/position/start/step, made from them before the first step."""
+
     @torch.inference_mode()
     def greedy_steps(self, token: torch.Tensor, position: torch.Tensor, slot: int, count: int) -> Iterator[torch.Tensor]:
         """Greedy decoding after a prefill with the host out of the loop: token [B] goes in at
@@ -110,6 +114,7 @@ class StaticCacheBackend:
             s.position.copy_(position)
             s.start.fill_(slot)
             s.step.zero_()
+            self.prepare_greedy(s)
 
         set_inputs()
         s.slot_mask[:, slot] = True

@@ -17,6 +17,36 @@ from transformers import GPT2LMHeadModel
 VOCAB_ALIGN = 64
 
 
+class TorchOps:
+    """The elementwise work around the products, as PyTorch ops: what torch.compile fuses in the
+    decode step, and the prefill of every backend but triton (prefill_kernels.TritonOps)."""
+
+    @staticmethod
+    def add_layer_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual add (y None: none) and the layer norm after it: (x + y, layer_norm(x + y))."""
+        x = x if y is None else x + y
+        return x, F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+    @staticmethod
+    def linear_gelu(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.gelu(F.linear(h, w, b), approximate="tanh")
+
+    @staticmethod
+    def write_cache(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: torch.Tensor | int,
+                    slots: torch.Tensor) -> None:
+        """The keys and values of qkv [B, S, 3C] into the caches [B, H, T, D] at slots (start.. start + S)."""
+        batch, seq, _ = qkv.shape
+        _, heads, _, head_dim = keys.shape
+        k, v = qkv.view(batch, seq, 3, heads, head_dim)[:, :, 1:].permute(2, 0, 3, 1, 4)  # [B, H, S, D] each
+        if isinstance(start, int):  # a slice copy: index_copy_ from these strided views is 3x slower
+            keys[:, :, start:start + seq].copy_(k)
+            values[:, :, start:start + seq].copy_(v)
+        else:
+            keys.index_copy_(2, slots, k)
+            values.index_copy_(2, slots, v)
+
+
 def fold_layer_norm(w: torch.Tensor, b: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor):
     """The layer norm's affine part folded into the linear layer after it (w [..., N, K], b [..., N],
     gamma and beta [..., K]): (n * gamma + beta) @ w^T + b == n @ (w * gamma)^T + (w @ beta + b)."""
@@ -24,12 +54,15 @@ def fold_layer_norm(w: torch.Tensor, b: torch.Tensor, gamma: torch.Tensor, beta:
 
 
 class StaticGPT2(torch.nn.Module):
-    def __init__(self, hf: GPT2LMHeadModel, dtype: torch.dtype, fold_layer_norms: bool = False):
+    def __init__(self, hf: GPT2LMHeadModel, dtype: torch.dtype, fold_layer_norms: bool = False,
+                 prefill_ops: type = TorchOps):
         """fold_layer_norms: each layer norm's weight and bias are folded (in fp32, before the cast to
         dtype) into the product after it, and the norms left as the identity affine; the LM head then
         gets its own copy of the tied embedding. Same function; a kernel that fuses the norm into the
-        product then loads no weight or bias of the norm's."""
+        product then loads no weight or bias of the norm's. prefill_ops: what a prefill's elementwise
+        work runs as (TorchOps' operations; the decode step always takes TorchOps)."""
         super().__init__()
+        self.prefill_ops = prefill_ops
         c = hf.config
         self.n_layer, self.n_head, self.n_embd = c.n_layer, c.n_head, c.n_embd
         self.head_dim, self.eps = c.n_embd // c.n_head, c.layer_norm_epsilon
@@ -83,22 +116,21 @@ class StaticGPT2(torch.nn.Module):
         # [B, 1, S, T]: causal over slots, real tokens only; a query always sees itself (no empty rows)
         allowed = ((t[None, :] <= slots[:, None])[None] & slot_mask[:, None, :T]) | (t[None, :] == slots[:, None])[None]
         allowed = allowed[:, None]
-        x = self.wte[input_ids] + self.wpe[position_ids]  # [B, S, C]
+        ops = self.prefill_ops if prefill else TorchOps
+        # y: what the next residual add adds to x (first the position embedding), so that each add
+        # goes with the layer norm after it
+        x, y = self.wte[input_ids], self.wpe[position_ids]  # [B, S, C]
         for i in range(self.n_layer):
-            h = F.layer_norm(x, (self.n_embd,), self.ln1_w[i], self.ln1_b[i], self.eps)
-            q, k, v = F.linear(h, self.qkv_w[i], self.qkv_b[i]).view(B, S, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+            x, h = ops.add_layer_norm(x, y, self.ln1_w[i], self.ln1_b[i], self.eps)
+            qkv = F.linear(h, self.qkv_w[i], self.qkv_b[i])  # [B, S, 3C]
             keys, values = cache[2 * i], cache[2 * i + 1]
-            if prefill:  # a slice copy: index_copy_ from these strided views is 3x slower
-                keys[:, :, start:start + S].copy_(k)
-                values[:, :, start:start + S].copy_(v)
-            else:
-                keys.index_copy_(2, slots, k)  # [B, H, T, D] <- [B, H, S, D]
-                values.index_copy_(2, slots, v)
+            ops.write_cache(qkv, keys, values, start, slots)
+            q = qkv.view(B, S, 3, self.n_head, self.head_dim)[:, :, 0].transpose(1, 2)  # [B, H, S, D]
             a = F.scaled_dot_product_attention(q, keys[:, :, :T], values[:, :, :T], attn_mask=allowed)  # [B, H, S, D]
-            x = x + F.linear(a.transpose(1, 2).reshape(B, S, self.n_embd), self.proj_w[i], self.proj_b[i])
-            h = F.layer_norm(x, (self.n_embd,), self.ln2_w[i], self.ln2_b[i], self.eps)
-            x = x + F.linear(F.gelu(F.linear(h, self.fc_w[i], self.fc_b[i]), approximate="tanh"), self.fc2_w[i], self.fc2_b[i])
+            y = F.linear(a.transpose(1, 2).reshape(B, S, self.n_embd), self.proj_w[i], self.proj_b[i])
+            x, h = ops.add_layer_norm(x, y, self.ln2_w[i], self.ln2_b[i], self.eps)
+            y = F.linear(ops.linear_gelu(h, self.fc_w[i], self.fc_b[i]), self.fc2_w[i], self.fc2_b[i])
         if last_only:
-            x = x[:, -1:]
-        x = F.layer_norm(x, (self.n_embd,), self.lnf_w, self.lnf_b, self.eps)
+            x, y = x[:, -1:], y[:, -1:]
+        _, x = ops.add_layer_norm(x, y, self.lnf_w, self.lnf_b, self.eps)
         return F.linear(x, self.head_w, self.head_b)[..., :self.vocab_size]

@@ -1,13 +1,15 @@
-"""Hand-written decode kernels: prefill as in torch-compiled (StaticGPT2, a CUDA graph per prompt
-shape), each decode step five Triton kernels per layer (triton_kernels) captured into one CUDA
-graph, with attention that reads only the filled part of the cache; a greedy step adds one launch
-that picks the token from the LM head's per-program maxima and advances the step's inputs."""
+"""Hand-written kernels: the prefill is StaticGPT2's forward in a CUDA graph per prompt shape, with
+its elementwise work fused (prefill_kernels); each decode step is five Triton kernels per layer
+(triton_kernels) captured into one CUDA graph, with attention that reads only the filled part of
+the cache; a greedy step adds one launch that picks the token from the LM head's per-program
+maxima, advances the step's inputs and embeds the next step's token."""
 
 from __future__ import annotations
 
 import torch
 
 from pipeline.runtime.backend import BackendUnavailable
+from pipeline.runtime.prefill_kernels import TritonOps
 from pipeline.runtime.static_backend import CacheSlot, StaticCacheBackend
 from pipeline.runtime.triton_kernels import (
     argmax_partials,
@@ -25,6 +27,9 @@ class TritonBackend(StaticCacheBackend):
     # linear loads them (decode graph on an H200: 252 -> 236 us at batch 1, 510 -> 500 us at batch 64),
     # and the tiles can normalise after the product (fused_linear's ln)
     fold_layer_norms = True
+    # the prefill's layer norms take the residual adds, GELU goes into cuBLASLt's epilogue, keys and
+    # values into the cache in one launch (prefill_kernels)
+    prefill_ops = TritonOps
 
     def __init__(self, model, precision: str = "fp16", device="cuda", cuda_graphs: bool | None = None):
         head_dim = model.config.n_embd // model.config.n_head
@@ -63,20 +68,30 @@ class TritonBackend(StaticCacheBackend):
                          attention_arrivals=torch.zeros(batch, net.n_head, dtype=torch.int32, device=self.device))
         return s
 
+    def prepare_greedy(self, s: CacheSlot) -> None:
+        """The first greedy step's input; greedy_advance writes each later step's."""
+        embed(s.token, s.position, self.net.wte, self.net.wpe, s.scratch["x"])
+
     def greedy_step(self, s: CacheSlot) -> None:
         """As StaticCacheBackend.greedy_step, in one launch after the step's: the LM head leaves each
-        program's row maxima, and greedy_advance picks the token and moves every input on."""
-        b = s.scratch
-        self.decode_step(s, argmax=(b["best"], b["best_index"]))
+        program's row maxima, and greedy_advance picks the token, moves every input on and embeds
+        the next step's input (decode graph on an H200, against an embedding launch of its own: 3 us
+        a step at batch 1 and 64)."""
+        net, b = self.net, s.scratch
+        self.decode_step(s, argmax=(b["best"], b["best_index"]), embedded=True)
         greedy_advance(b["best"], b["best_index"], s.token, s.greedy_tokens, s.step, s.position, s.start,
-                       s.slot_mask, b["arrivals"], pdl=self.pdl_capable)
+                       s.slot_mask, b["arrivals"], embedding=(net.wte, net.wpe, b["x"]), pdl=self.pdl_capable)
 
-    def decode_step(self, s: CacheSlot, argmax: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def decode_step(self, s: CacheSlot, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    embedded: bool = False) -> torch.Tensor | None:
+        """As StaticCacheBackend.decode_step; with argmax (greedy_step) only the LM head's maxima, no
+        logits; embedded: the residual stream already holds this step's input embedding."""
         net, b = self.net, s.scratch
         x, q, attention, hidden = b["x"], b["q"], b["attention"], b["hidden"]
         pdl = self.pdl_capable  # every launch after the embedding, which follows the host's copies
         early = pdl and self.streams_weights(len(s.token))
-        embed(s.token, s.position, net.wte, net.wpe, x)
+        if not embedded:
+            embed(s.token, s.position, net.wte, net.wpe, x)
         for i in range(net.n_layer):
             keys, values = s.cache[2 * i], s.cache[2 * i + 1]
             # early at every batch: attention requests most of the cache before its wait
@@ -88,6 +103,8 @@ class TritonBackend(StaticCacheBackend):
             fused_linear(x, net.fc_w[i], hidden, net.fc_b[i], ln=(self.fc_sums[i], net.eps), gelu=True, pdl=pdl,
                          early=early)
             fused_linear(hidden, net.fc2_w[i], x, net.fc2_b[i], residual=True, pdl=pdl, early=early)
-        fused_linear(x, net.head_w, b["logits"], net.head_b, ln=(self.head_sums, net.eps), n=self.vocab_size,
+        # a greedy step keeps only each program's maxima: nothing reads its logits
+        logits = b["logits"] if argmax is None else None
+        fused_linear(x, net.head_w, logits, net.head_b, ln=(self.head_sums, net.eps), n=self.vocab_size,
                      argmax=argmax, pdl=pdl, early=early)
-        return b["logits"]
+        return logits

@@ -123,7 +123,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
                          K: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
                          LN: tl.constexpr, BIAS: tl.constexpr, GELU: tl.constexpr,
                          RESIDUAL: tl.constexpr, QKV: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                         best_ptr, best_index_ptr, ARGMAX: tl.constexpr,
+                         best_ptr, best_index_ptr, ARGMAX: tl.constexpr, STORE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                          REF_COLS: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     """out[M, N] = epilogue(LN?(x[M, K]) @ w[N, K]^T), as tensor-core tiles or, BLOCK_M 1, one row
@@ -134,7 +134,8 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
     tiles need for it (_tile_product). RESIDUAL: out += result (out holds the residual stream).
     QKV: columns [0, C) go to out (q), [C, 2C) and [2C, 3C) to the k and v caches [B, H, T, D] at
     slot *slot_ptr. ARGMAX: also each row's largest value in this program's columns and its column
-    (the first, on ties) to best / best_index [M, programs along N].
+    (the first, on ties) to best / best_index [M, programs along N]; without STORE only those (a
+    greedy step's LM head: its fp32 logits are 13 MB a step at batch 64 that nothing reads).
     SPLIT_K > 1 (RESIDUAL only, out fp32): program_id(2) takes one K / SPLIT_K slice and adds its
     partial product into out atomically, so a narrow output still spreads over many programs. The
     order of those fp32 additions is not fixed, so results are not bit-identical from run to run."""
@@ -175,7 +176,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
         out = out_ptr + rm[:, None] * N + rn[None, :]
         if SPLIT_K > 1:
             tl.atomic_add(out, acc, mask=inside, sem="relaxed")
-        else:
+        elif STORE:
             if RESIDUAL:
                 acc += tl.load(out, mask=inside, other=0.0).to(tl.float32)
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside)
@@ -280,18 +281,24 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
 
 @triton.jit
 def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, tokens_stride, step_ptr, position_ptr,
-                           start_ptr, slot_mask_ptr, arrivals_ptr, B, T, PARTIALS: tl.constexpr, BLOCK: tl.constexpr,
-                           PDL: tl.constexpr):
+                           start_ptr, slot_mask_ptr, arrivals_ptr, wte_ptr, wpe_ptr, x_ptr, B, T, POSITIONS,
+                           PARTIALS: tl.constexpr, BLOCK: tl.constexpr, C: tl.constexpr, BLOCK_C: tl.constexpr,
+                           EMBED: tl.constexpr, PDL: tl.constexpr):
     """For one row: the argmax of its logits from the LM head's per-program maxima (the first
     column on ties, as torch.argmax); it becomes the row's next input token and
     tokens[row, *step]; the row's position advances and its next slot is marked real. The last
-    row to arrive advances the shared start and step (every row has read them by then)."""
+    row to arrive advances the shared start and step (every row has read them by then).
+    EMBED: also the next step's input x[row] = wte[token] + wpe[position] (fp32, as _embed_kernel),
+    so that the next step starts with its first layer rather than a launch of its own."""
     row = tl.program_id(0)
     i = tl.arange(0, BLOCK)
     # every load first, so that they wait together rather than the scalars' behind the reduction
     step = tl.load(step_ptr)
     start = tl.load(start_ptr)
     position = tl.load(position_ptr + row)
+    if EMBED:  # past the last position nothing runs the step: any row in range will do
+        c = tl.arange(0, BLOCK_C)
+        e = tl.load(wpe_ptr + tl.minimum(position + 1, POSITIONS - 1) * C + c, mask=c < C, other=0.0).to(tl.float32)
     if PDL:
         gdc_wait()
     best = tl.load(best_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=float("-inf"))
@@ -299,6 +306,9 @@ def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, toke
     token = tl.sum(tl.where(i == tl.argmax(best, 0, tie_break_left=True), column, 0), 0).to(tl.int64)
     tl.store(token_ptr + row, token)
     tl.store(tokens_ptr + row * tokens_stride + step, token)
+    if EMBED:  # x's last reader, the LM head, has completed: the wait above saw to that
+        e += tl.load(wte_ptr + token * C + c, mask=c < C, other=0.0).to(tl.float32)
+        tl.store(x_ptr + row * C + c, e, mask=c < C)
     tl.store(position_ptr + row, position + 1)
     if start + 1 < T:
         tl.store(slot_mask_ptr + row * T + start + 1, 1)
@@ -342,7 +352,7 @@ def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
     return LinearConfig(16, 32 if small else 128, block_k, warps=4)
 
 
-def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
+def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bias: torch.Tensor | None = None,
                  ln: tuple[torch.Tensor, float] | None = None, gelu: bool = False,
                  residual: bool = False, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
                  n: int | None = None, config: LinearConfig | None = None,
@@ -352,7 +362,8 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
     for a layer norm whose weight and bias are folded into w and bias, w_sums = w.float().sum(1) (the
     tiles normalise after the product); qkv = (k_cache, v_cache, slot tensor, head_dim) routes the
     output as _fused_linear_kernel describes; argmax = (best fp32, best_index int32), each
-    [M, argmax_partials(...)], gets each program's row maxima (greedy_advance reduces them). config
+    [M, argmax_partials(...)], gets each program's row maxima (greedy_advance reduces them), and with
+    out None only those. config
     overrides the tuned tiles (tests, tuning). pdl: programmatic dependent launch, early: with the next
     launch let start at once rather than after this one's loads (module docstring)."""
     m, k = x.shape
@@ -376,15 +387,17 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torc
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), cfg.split_k)
     if argmax is not None and (cfg.split_k > 1 or residual or qkv is not None or argmax[0].shape != (m, grid[1])):
         raise ValueError(f"argmax needs a plain product and buffers of shape {(m, grid[1])}")
+    if out is None and argmax is None:
+        raise ValueError("out is None: only a product that leaves its argmax may skip its output")
     best, best_index = argmax if argmax is not None else (w, w)
     _fused_linear_kernel[grid](
-        x, w, bias if bias is not None else w, out, w_sums,
+        x, w, bias if bias is not None else w, out if out is not None else w, w_sums,
         k_cache, v_cache, slot, k_cache.stride(0), k_cache.stride(1) if qkv is not None else 0,
         m, n, eps, K=k, C=c, D=head_dim,
         LN=ln is not None, BIAS=bias is not None, GELU=gelu, RESIDUAL=residual,
         QKV=qkv is not None,
         DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",  # fp32 stays exact (its 1e-5 budget)
-        best_ptr=best, best_index_ptr=best_index, ARGMAX=argmax is not None,
+        best_ptr=best, best_index_ptr=best_index, ARGMAX=argmax is not None, STORE=out is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
         REF_COLS=min(64, 1 << (k.bit_length() - 1)),  # a power of two, at most K
         PDL=pdl, EARLY=early, launch_pdl=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
@@ -448,11 +461,17 @@ def argmax_partials(m: int, vocab: int, k: int) -> int:
 
 def greedy_advance(best: torch.Tensor, best_index: torch.Tensor, token: torch.Tensor, tokens: torch.Tensor,
                    step: torch.Tensor, position: torch.Tensor, start: torch.Tensor, slot_mask: torch.Tensor,
-                   arrivals: torch.Tensor, pdl: bool = False) -> None:
+                   arrivals: torch.Tensor, embedding: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                   pdl: bool = False) -> None:
     """The greedy step's tail in one launch (see _greedy_advance_kernel). best / best_index [B, P] from
     fused_linear(..., argmax=); token / position [B, 1]; tokens [B, N]; step [1]; start a scalar;
-    slot_mask [B, T] bool; arrivals an int32 counter, zero between launches; pdl as fused_linear."""
+    slot_mask [B, T] bool; arrivals an int32 counter, zero between launches; embedding = (wte, wpe,
+    x [B, C] fp32): write the next step's input as embed() would; pdl as fused_linear."""
     batch, partials = best.shape
+    wte, wpe, x = embedding if embedding is not None else (best, best, best)
+    c = x.shape[1]
     _greedy_advance_kernel[(batch,)](best, best_index, token, tokens, tokens.stride(0), step, position, start,
-                                     slot_mask, arrivals, batch, slot_mask.shape[1], PARTIALS=partials,
-                                     BLOCK=triton.next_power_of_2(partials), PDL=pdl, launch_pdl=pdl)
+                                     slot_mask, arrivals, wte, wpe, x, batch, slot_mask.shape[1], wpe.shape[0],
+                                     PARTIALS=partials, BLOCK=triton.next_power_of_2(partials), C=c,
+                                     BLOCK_C=triton.next_power_of_2(c), EMBED=embedding is not None, PDL=pdl,
+                                     launch_pdl=pdl)
