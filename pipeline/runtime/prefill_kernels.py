@@ -5,15 +5,16 @@ of PyTorch's reads and writes 12-25 MB). So each layer norm takes the residual a
 pass over x instead of two), the fc product applies GELU in cuBLASLt's epilogue, and the keys and
 values go into the cache in one launch from the QKV product's output instead of two strided copies.
 
-TritonOps has the same three operations as static_gpt2.TorchOps, which the decode step (and every
+TritonOps overrides the three operations of static_gpt2.TorchOps, which the decode step (and every
 backend but this one) uses."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from pipeline.runtime.static_gpt2 import TorchOps
 
 
 @triton.jit
@@ -56,7 +57,7 @@ def _write_cache_kernel(qkv_ptr, k_cache_ptr, v_cache_ptr, S, start, cache_row_s
     tl.store(v_cache_ptr + target, values, mask=inside)
 
 
-class TritonOps:
+class TritonOps(TorchOps):
     @staticmethod
     def add_layer_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,
                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,7 +79,7 @@ class TritonOps:
         """GELU(h @ w^T + b), GPT-2's tanh form. On a GPU in the product's epilogue: cuBLASLt's GELU is
         the tanh form, applied in fp32 before the cast (on a CPU torch's fused op takes the erf form)."""
         if not h.is_cuda:
-            return F.gelu(F.linear(h, w, b), approximate="tanh")
+            return TorchOps.linear_gelu(h, w, b)
         rows = h.numel() // h.shape[-1]
         return torch._addmm_activation(b, h.view(rows, -1), w.t(), use_gelu=True).view(*h.shape[:-1], -1)
 

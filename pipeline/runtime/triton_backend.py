@@ -88,7 +88,7 @@ class TritonBackend(StaticCacheBackend):
         logits; embedded: the residual stream already holds this step's input embedding."""
         net, b = self.net, s.scratch
         x, q, attention, hidden = b["x"], b["q"], b["attention"], b["hidden"]
-        pdl = self.pdl_capable  # every launch after the embedding, which follows the host's copies
+        pdl = self.pdl_capable  # every launch but the embedding, which follows the host's copies
         early = pdl and self.streams_weights(len(s.token))
         if not embedded:
             embed(s.token, s.position, net.wte, net.wpe, x)

@@ -468,8 +468,8 @@ def greedy_advance(best: torch.Tensor, best_index: torch.Tensor, token: torch.Te
     slot_mask [B, T] bool; arrivals an int32 counter, zero between launches; embedding = (wte, wpe,
     x [B, C] fp32): write the next step's input as embed() would; pdl as fused_linear."""
     batch, partials = best.shape
-    wte, wpe, x = embedding if embedding is not None else (best, best, best)
-    c = x.shape[1]
+    wte, wpe, x = embedding if embedding is not None else (best, best, best)  # stand-ins when not EMBED
+    c = x.shape[1] if embedding is not None else 1
     _greedy_advance_kernel[(batch,)](best, best_index, token, tokens, tokens.stride(0), step, position, start,
                                      slot_mask, arrivals, wte, wpe, x, batch, slot_mask.shape[1], wpe.shape[0],
                                      PARTIALS=partials, BLOCK=triton.next_power_of_2(partials), C=c,
