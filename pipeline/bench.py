@@ -25,7 +25,7 @@ from pipeline.config import Config
 from pipeline.data import heldout_blocks, prepare_data
 from pipeline.progress import progress
 from pipeline.runtime.backend import Backend, BackendUnavailable
-from pipeline.runtime.generate import Generator
+from pipeline.runtime.generate import Generator, Prompts
 from pipeline.runtime.loader import open_backend
 from pipeline.runtime.sampling import Sampling
 from pipeline.tokenizer import load_tokenizer
@@ -75,7 +75,7 @@ def device_memory_mib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def token_times(gen: Generator, prompts: list[list[int]], s: Sampling, device: torch.device) -> list[float]:
+def token_times(gen: Generator, prompts: Prompts, s: Sampling, device: torch.device) -> list[float]:
     """Seconds from the call to each token being ready. On a GPU: a CUDA event after each token,
     read once at the end, so the loop runs as generation does (the host never waits per token)."""
     if device.type != "cuda":  # the host clock: on a CPU it waits for every token anyway
@@ -89,7 +89,7 @@ def token_times(gen: Generator, prompts: list[list[int]], s: Sampling, device: t
     return [start.elapsed_time(m) / 1e3 for m in marks]
 
 
-def synced_token_times(gen: Generator, prompts: list[list[int]], s: Sampling, device: torch.device) -> list[float]:
+def synced_token_times(gen: Generator, prompts: Prompts, s: Sampling, device: torch.device) -> list[float]:
     """As token_times, but the host waits for every token, as a client reading a stream does."""
     start, stamps = time.perf_counter(), []
     for _ in gen.stream(prompts, s):
@@ -98,7 +98,7 @@ def synced_token_times(gen: Generator, prompts: list[list[int]], s: Sampling, de
     return stamps
 
 
-def time_generation(backend: Backend, prompts: list[list[int]], s: Sampling, repeats: int) -> dict:
+def time_generation(backend: Backend, prompts: Prompts, s: Sampling, repeats: int) -> dict:
     gen, device = Generator(backend), backend.device
     e2e, ttft, steps, synced = [], [], [], []
     for _ in range(repeats):
@@ -162,7 +162,7 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
         synchronize(device)
         load_s = time.perf_counter() - start
         for batch in settings.batches:
-            prompts = blocks[:batch].tolist()
+            prompts = blocks[:batch]  # one array, as a tokenizer's batch: no Python ints to convert
             try:
                 start = time.perf_counter()
                 for _ in Generator(backend).stream(prompts, s):

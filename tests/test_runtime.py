@@ -3,6 +3,7 @@ PyTorch backend against the Hugging Face reference."""
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -75,6 +76,18 @@ def test_left_pad_positions_count_real_tokens_only():
     assert batch.position_ids.tolist() == [[0, 1, 2], [0, 0, 0]]
 
 
+def test_prompts_in_one_array_are_taken_as_the_same_lists(model):
+    rows = np.array([[5, 6, 7], [8, 9, 10]], dtype=np.int32)
+    for got, want in zip(vars(left_pad(rows, 0, torch.device("cpu"))).values(),
+                         vars(left_pad(rows.tolist(), 0, torch.device("cpu"))).values()):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    gen = Generator(TorchEagerBackend(model))
+    assert gen.generate(np.array(PROMPTS[2:] * 2), Sampling(max_new_tokens=4)) == gen.generate(PROMPTS[2:] * 2, Sampling(max_new_tokens=4))
+    for bad in (np.zeros((2, 0), dtype=np.int64), np.zeros(3, dtype=np.int64), np.zeros((1, 2))):
+        with pytest.raises(UserError, match="prompts as an array must be integer token ids"):
+            left_pad(bad, 0, torch.device("cpu"))
+
+
 def test_stop_tokens_end_rows_and_streaming_yields_each_step(model):
     gen = Generator(TorchEagerBackend(model))
     free = gen.generate(PROMPTS, Sampling(max_new_tokens=8))
@@ -99,6 +112,20 @@ def test_static_cache_backend_matches_the_reference(model):
     assert Generator(static).generate(PROMPTS, s) == free  # through its greedy_steps: argmax fed back in place
     stopped = Sampling(max_new_tokens=20, stop_tokens=(free[1][3],))
     assert Generator(static).generate(PROMPTS, stopped) == Generator(eager).generate(PROMPTS, stopped)
+
+
+def test_a_prompt_without_padding_takes_causal_attention_with_the_same_logits(model):
+    net = StaticGPT2(model, torch.float32)
+    batch = left_pad([p[:2] for p in PROMPTS], 0, torch.device("cpu"))  # equal lengths: no padding
+    masked, causal = (net(batch.input_ids, batch.position_ids, batch.attention_mask.bool(), 0, net.new_cache(3, 4),
+                          causal=c) for c in (False, True))
+    assert compare_logits(causal, masked)["rel_error"] < 1e-6
+    with pytest.raises(ValueError, match="causal needs a prefill from slot 0"):
+        net(batch.input_ids, batch.position_ids, batch.attention_mask.bool(), 1, net.new_cache(3, 4), causal=True)
+    eager, static = TorchEagerBackend(model), TorchCompiledBackend(model, "fp32", "cpu", compile=False)
+    s = Sampling(max_new_tokens=6)
+    prompts = [p[:2] for p in PROMPTS]
+    assert Generator(static).generate(prompts, s) == Generator(eager).generate(prompts, s)
 
 
 def test_folded_layer_norms_compute_the_same_function(model):

@@ -43,11 +43,12 @@ def decode_logits(backend, batch):
     return backend.forward(torch.arange(11, 11 + rows)[:, None], mask, batch.position_ids[:, -1:] + 1).clone()
 
 
-# one row takes the row-product kernels, several the tensor-core tiles (triton_kernels.linear_config)
-@pytest.mark.parametrize("rows", [1, 3])
+# one row takes the row-product kernels, several the tensor-core tiles (triton_kernels.linear_config),
+# more than 16 an LM head whose input a launch of its own normalises (triton_kernels.head_normalized_apart)
+@pytest.mark.parametrize("rows", [1, 3, 20])
 @pytest.mark.parametrize("precision, budget", [("fp32", 1e-5), ("fp16", 5e-3)])
 def test_decode_step_matches_static_gpt2(model, precision, budget, rows):
-    batch = left_pad(PROMPTS[:rows], 0, torch.device("cpu"))
+    batch = left_pad((PROMPTS * 7)[:rows], 0, torch.device("cpu"))
     reference = decode_logits(TorchCompiledBackend(model, "fp32", "cpu", compile=False), batch)
     fused = decode_logits(TritonBackend(model, precision, "cpu"), batch)
     assert compare_logits(fused, reference)["rel_error"] < budget
@@ -106,6 +107,17 @@ def test_layer_norm_keeps_fp16_precision_for_rows_far_off_centre():
         out = torch.empty(4, 64)
         fused_linear(x, w, out, ln=(w.float().sum(1), 1e-5), config=LinearConfig(block_m, 16, 64))
         assert ((out.double() - reference).norm(dim=1) / reference.norm(dim=1)).max() < 1e-3
+
+
+def test_layer_norm_launch_matches_pytorch_in_the_output_dtype():
+    from pipeline.runtime.triton_kernels import layer_norm
+    torch.manual_seed(5)
+    x = 0.5 * torch.randn(5, 48)  # 48: masked past it in a 64-wide block
+    x[0] += 300.0
+    out = torch.empty(5, 48, dtype=torch.float16)
+    layer_norm(x, out, 1e-5)
+    reference = torch.nn.functional.layer_norm(x.double(), (48,), eps=1e-5)
+    assert ((out.double() - reference).abs().max() / reference.abs().max()) < 1e-3
 
 
 def test_a_layer_norm_needs_one_weight_sum_per_row_of_w():

@@ -22,18 +22,30 @@ class Batch:
     position_ids: torch.Tensor
 
 
-def left_pad(prompts: list[list[int]], pad_id: int, device: torch.device) -> Batch:
+Prompts = list[list[int]] | np.ndarray  # token ids: a list per row, or one [B, S] integer array of equal rows
+
+
+def left_pad(prompts: Prompts, pad_id: int, device: torch.device) -> Batch:
     """Pad on the left so every row's last prompt token is at the same column; positions count
     real tokens only (as Hugging Face's generate does), so padding does not shift them. Built in
-    numpy and sent to the device in one copy: per-row torch tensors cost milliseconds at batch 64."""
-    for i, p in enumerate(prompts):
-        if not p:
-            raise UserError(f"prompt {i} is empty: give at least one token")
-    lengths = np.array([len(p) for p in prompts])
-    width = int(lengths.max())
-    ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
-    for row, p in zip(ids, prompts):
-        row[width - len(p):] = p
+    numpy and sent to the device in one copy: per-row torch tensors cost milliseconds at batch 64.
+    Rows already in one integer array need no padding and no conversion from Python ints (at batch
+    64 x 128 tokens the lists take 0.3-0.6 ms of the time to first token on an H200's host)."""
+    if isinstance(prompts, np.ndarray):
+        if prompts.ndim != 2 or not prompts.shape[1] or prompts.dtype.kind not in "iu":
+            raise UserError(f"prompts as an array must be integer token ids [batch, tokens] with at least one token; "
+                            f"this one is {prompts.dtype} of shape {prompts.shape}")
+        ids, width = prompts.astype(np.int64), prompts.shape[1]
+        lengths = np.full(len(ids), width)
+    else:
+        for i, p in enumerate(prompts):
+            if not p:
+                raise UserError(f"prompt {i} is empty: give at least one token")
+        lengths = np.array([len(p) for p in prompts])
+        width = int(lengths.max())
+        ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
+        for row, p in zip(ids, prompts):
+            row[width - len(p):] = p
     mask = (np.arange(width)[None, :] >= width - lengths[:, None]).astype(np.int64)
     positions = np.maximum(mask.cumsum(-1) - 1, 0)
     return Batch(*torch.from_numpy(np.stack([ids, mask, positions])).to(device).unbind(0))
@@ -49,7 +61,7 @@ class Generator:
             raise UserError(f"a prompt of {prompt_len} tokens plus max_new_tokens={max_new_tokens} exceeds the model's "
                             f"context of {limit} tokens; shorten the prompt or lower max_new_tokens")
 
-    def stream(self, prompts: list[list[int]], s: Sampling) -> Iterator[torch.Tensor]:
+    def stream(self, prompts: Prompts, s: Sampling) -> Iterator[torch.Tensor]:
         """Yield the next token of every row, [B], once per step. Rows that have stopped yield pad_id.
 
         The hot loop stays on the device: the attention mask is preallocated and sliced, plain greedy
@@ -92,7 +104,7 @@ class Generator:
                 if bool(done.all()):
                     return
 
-    def generate(self, prompts: list[list[int]], s: Sampling) -> list[list[int]]:
+    def generate(self, prompts: Prompts, s: Sampling) -> list[list[int]]:
         """New tokens of each prompt, up to and including its first stop token."""
         steps = [t.cpu() for t in self.stream(prompts, s)]
         out = []

@@ -38,7 +38,7 @@ class CacheSlot:
     scratch: dict[str, torch.Tensor] = field(default_factory=dict)  # a subclass's own buffers
     decode: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None  # graph, its logits [B, V] fp32
     greedy: torch.cuda.CUDAGraph | None = None  # greedy_step, captured
-    prefill: OrderedDict = field(default_factory=OrderedDict)  # (start, seq) -> (graph, its logits, input_ids, position_ids)
+    prefill: OrderedDict = field(default_factory=OrderedDict)  # (start, seq, causal) -> (graph, its logits, input_ids, position_ids)
 
 
 def capture(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -145,10 +145,14 @@ class StaticCacheBackend:
                 s.decode = capture(lambda: self.decode_step(s), self.device)
             s.decode[0].replay()
             return s.decode[1][:, None]
-        prefill = lambda ids, pos: self.net(ids, pos, s.slot_mask, start, s.cache, last_only).float()  # noqa: E731
+        # a prompt without padding takes attention without a mask (StaticGPT2's causal). Telling costs
+        # one wait for the device, which has nothing else queued before a prefill; Hugging Face's
+        # SDPA attention makes the same check
+        causal = start == 0 and bool(attention_mask.all())
+        prefill = lambda ids, pos: self.net(ids, pos, s.slot_mask, start, s.cache, last_only, causal).float()  # noqa: E731
         if not (self.cuda_graphs and last_only):  # full logits are for validation, not speed: no graph
             return prefill(input_ids, position_ids)
-        shape = (start, seq)
+        shape = (start, seq, causal)
         if shape not in s.prefill:
             ids, pos = input_ids.clone(), position_ids.clone()
             s.prefill[shape] = (*capture(lambda: prefill(ids, pos), self.device), ids, pos)

@@ -102,20 +102,26 @@ class StaticGPT2(torch.nn.Module):
                 for _ in range(2 * self.n_layer)]
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, slot_mask: torch.Tensor,
-                start: torch.Tensor | int, cache: list[torch.Tensor], last_only: bool = False) -> torch.Tensor:
+                start: torch.Tensor | int, cache: list[torch.Tensor], last_only: bool = False,
+                causal: bool = False) -> torch.Tensor:
         """input_ids/position_ids [B, S]; slot_mask [B, T] bool (which cache slots are real tokens);
         start: the first slot written, an int (a prefill) or a scalar int64 tensor (a decode step,
-        whose one graph then serves every slot); cache as new_cache(). -> logits [B, S or 1, V]"""
+        whose one graph then serves every slot); cache as new_cache(). causal: a prefill from slot 0
+        whose rows have no padding, so that attention is plain causal and needs no mask (SDPA then
+        takes its causal flash kernel: on an H200 23 against 45 us a layer at batch 64 x 128
+        tokens, 8.7 against 18.5 at batch 1). -> logits [B, S or 1, V]"""
         B, S = input_ids.shape
         prefill = isinstance(start, int)  # a decode step's start is a tensor: one graph for every slot
+        if causal and not (prefill and start == 0):
+            raise ValueError("causal needs a prefill from slot 0: its queries and keys are then the same slots")
         # a prefill's slots past its own hold nothing yet: attention reads only up to them (a decode
         # step masks the whole cache instead)
         T = start + S if prefill else cache[0].shape[2]
         slots = start + torch.arange(S, device=input_ids.device)  # [S]
         t = torch.arange(T, device=input_ids.device)
         # [B, 1, S, T]: causal over slots, real tokens only; a query always sees itself (no empty rows)
-        allowed = ((t[None, :] <= slots[:, None])[None] & slot_mask[:, None, :T]) | (t[None, :] == slots[:, None])[None]
-        allowed = allowed[:, None]
+        allowed = None if causal else (((t[None, :] <= slots[:, None])[None] & slot_mask[:, None, :T])
+                                       | (t[None, :] == slots[:, None])[None])[:, None]
         ops = self.prefill_ops if prefill else TorchOps
         # y: what the next residual add adds to x (first the position embedding), so that each add
         # goes with the layer norm after it
@@ -126,7 +132,8 @@ class StaticGPT2(torch.nn.Module):
             keys, values = cache[2 * i], cache[2 * i + 1]
             ops.write_cache(qkv, keys, values, start, slots)
             q = qkv.view(B, S, 3, self.n_head, self.head_dim)[:, :, 0].transpose(1, 2)  # [B, H, S, D]
-            a = F.scaled_dot_product_attention(q, keys[:, :, :T], values[:, :, :T], attn_mask=allowed)  # [B, H, S, D]
+            a = F.scaled_dot_product_attention(q, keys[:, :, :T], values[:, :, :T], attn_mask=allowed,
+                                               is_causal=causal)  # [B, H, S, D]
             y = F.linear(a.transpose(1, 2).reshape(B, S, self.n_embd), self.proj_w[i], self.proj_b[i])
             x, h = ops.add_layer_norm(x, y, self.ln2_w[i], self.ln2_b[i], self.eps)
             y = F.linear(ops.linear_gelu(h, self.fc_w[i], self.fc_b[i]), self.fc2_w[i], self.fc2_b[i])

@@ -18,6 +18,8 @@ from pipeline.runtime.triton_kernels import (
     embed,
     fused_linear,
     greedy_advance,
+    head_normalized_apart,
+    layer_norm,
 )
 
 
@@ -59,6 +61,7 @@ class TritonBackend(StaticCacheBackend):
                      "q": torch.empty(batch, net.n_embd, dtype=dtype, device=self.device),
                      "attention": torch.empty(batch, net.n_embd, dtype=dtype, device=self.device),
                      "hidden": torch.empty(batch, 4 * net.n_embd, dtype=dtype, device=self.device),
+                     "normalized": torch.empty(batch, net.n_embd, dtype=dtype, device=self.device),  # the LM head's input
                      "logits": torch.empty(batch, self.vocab_size, **f32)}
         partials = argmax_partials(batch, self.vocab_size, net.n_embd)  # greedy_step's argmax, in two stages
         s.scratch.update(best=torch.empty(batch, partials, **f32),
@@ -105,6 +108,10 @@ class TritonBackend(StaticCacheBackend):
             fused_linear(hidden, net.fc2_w[i], x, net.fc2_b[i], residual=True, pdl=pdl, early=early)
         # a greedy step keeps only each program's maxima: nothing reads its logits
         logits = b["logits"] if argmax is None else None
-        fused_linear(x, net.head_w, logits, net.head_b, ln=(self.head_sums, net.eps), n=self.vocab_size,
-                     argmax=argmax, pdl=pdl, early=early)
+        head_x, ln = x, (self.head_sums, net.eps)
+        if head_normalized_apart(len(s.token)):
+            layer_norm(x, b["normalized"], net.eps, pdl=pdl)
+            head_x, ln = b["normalized"], None
+        fused_linear(head_x, net.head_w, logits, net.head_b, ln=ln, n=self.vocab_size, argmax=argmax, pdl=pdl,
+                     early=early)
         return logits

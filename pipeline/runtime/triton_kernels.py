@@ -17,8 +17,10 @@ fused_linear runs one row as row products (each program a few output columns, it
 loaded at once: at batch 1 what counts is how many weight bytes are in flight) and more rows as
 narrow tensor-core tiles; a layer norm before a product is fused into it, its weight and bias
 folded into the product's (the tiles apply it after the product, so that no pass over x holds the
-weights back: _tile_product). The residual stream is kept in fp32 between kernels; weights, cache and
-activations that feed a matrix product are in the model's dtype. The step's slot is read from a
+weights back: _tile_product), except before the LM head above 16 rows, where one small launch
+normalises x first (layer_norm, head_normalized_apart). The residual stream is kept in fp32
+between kernels; weights, cache and activations that feed a matrix product are in the model's
+dtype. The step's slot is read from a
 device scalar, so one CUDA graph of these launches serves every step. For greedy decoding the LM head also leaves each
 program's row maxima and greedy_advance turns them into the next token and the next step's inputs,
 one more launch in place of the host's argmax and input copies.
@@ -56,6 +58,28 @@ def _embed_kernel(token_ptr, position_ptr, wte_ptr, wpe_ptr, x_ptr, C: tl.conste
     e = tl.load(wte_ptr + token * C + c, mask=inside, other=0.0).to(tl.float32)
     e += tl.load(wpe_ptr + position * C + c, mask=inside, other=0.0).to(tl.float32)
     tl.store(x_ptr + row * C + c, e, mask=inside)
+
+
+@triton.jit
+def _normalized(x, inside, K: tl.constexpr, eps):
+    """A layer norm without its weight and bias of one whole row x [BLOCK] fp32 (K values inside):
+    centred before the variance, which a row in registers can afford (a row with mean 300 and std
+    0.5 keeps 2e-6 relative error where the one-pass variance loses 5e-3)."""
+    x = tl.where(inside, x - tl.sum(x, 0) / K, 0.0)
+    return x * (1.0 / tl.sqrt(tl.sum(x * x, 0) / K + eps))
+
+
+@triton.jit
+def _layer_norm_kernel(x_ptr, out_ptr, eps, C: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+    """out[row] = the layer norm of x[row] without weight and bias (folded into the product after
+    it), in out's dtype."""
+    row = tl.program_id(0)
+    c = tl.arange(0, BLOCK_C)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()  # the product after this waits for it anyway; its launch need not
+    x = tl.load(x_ptr + row * C + c, mask=c < C, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * C + c, _normalized(x, c < C, C, eps).to(out_ptr.dtype.element_ty), mask=c < C)
 
 
 @triton.jit
@@ -110,9 +134,8 @@ def _row_product(x_ptr, w_ptr, row, rn, col_in, eps, K: tl.constexpr, LN: tl.con
     if PDL:
         gdc_wait()
     x = tl.load(x_ptr + row * K + rk, mask=k_in, other=0.0).to(tl.float32)
-    if LN:  # SPLIT_K is 1 here: the slice is the whole row, in registers, so the variance can take a second pass
-        x = tl.where(k_in, x - tl.sum(x, 0) / K, 0.0)
-        x *= 1.0 / tl.sqrt(tl.sum(x * x, 0) / K + eps)
+    if LN:  # SPLIT_K is 1 here: the slice is the whole row, in registers
+        x = _normalized(x, k_in, K, eps)
     return tl.sum(w.to(tl.float32) * x[None, :], 1)[None, :]
 
 
@@ -328,6 +351,15 @@ class LinearConfig:
     stages: int = 3
 
 
+def head_normalized_apart(m: int) -> bool:
+    """Whether the LM head over m rows takes them normalised by a launch of its own (layer_norm)
+    rather than normalising in its tiles. Above 16 rows its tiles then take all rows at once (64 x
+    128), reading each of the head's weights once, x in half the bytes and no norm arithmetic: on
+    an H200 the batch-64 greedy step 413.3-413.7 -> 405.6-405.8 us; at batch 8 it bought nothing
+    (256.5-258.5 against 257.4 us), so up to 16 rows the tiles keep the norm."""
+    return m > 16
+
+
 def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
     """Tile sizes for one fused linear, chosen by timing every GPT-2 124M shape at batch 1, 8 and 64
     on an H200 (artifacts/results/decode_notes_h200.md has the sweeps). A decode step's matrices are
@@ -348,7 +380,9 @@ def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
             return LinearConfig(16, 16, block_k, split, warps=4)
         return LinearConfig(64 if k > 1024 else 32, 32, block_k, split, warps=4)
     if n > 8192:  # the LM head
-        return LinearConfig(16 if small else 32, 256, 64, warps=8, stages=4)
+        if head_normalized_apart(m):
+            return LinearConfig(64, 128, 64, warps=4, stages=4)
+        return LinearConfig(16, 256, 64, warps=8, stages=4)
     return LinearConfig(16, 32 if small else 128, block_k, warps=4)
 
 
@@ -447,6 +481,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         BLOCK_T=min(cfg.block_t, triton.next_power_of_2(share)), SHARE=share, SPLITS=cfg.splits,
         BLOCK_S=triton.next_power_of_2(cfg.splits), PDL=pdl, EARLY=early, launch_pdl=pdl, num_warps=cfg.warps,
         **({"maxnreg": cfg.registers} if cfg.registers else {}))
+
+
+def layer_norm(x: torch.Tensor, out: torch.Tensor, eps: float, pdl: bool = False) -> None:
+    """out [M, C] = each row of x [M, C] normalised (a layer norm whose weight and bias are folded into
+    the product after it), in out's dtype; pdl as fused_linear."""
+    c = x.shape[1]
+    _layer_norm_kernel[(x.shape[0],)](x, out, eps, C=c, BLOCK_C=triton.next_power_of_2(c), PDL=pdl, launch_pdl=pdl)
 
 
 def embed(token: torch.Tensor, position: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor, x: torch.Tensor) -> None:
