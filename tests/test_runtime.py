@@ -117,9 +117,15 @@ def test_static_cache_backend_matches_the_reference(model):
 def test_a_prompt_without_padding_takes_causal_attention_with_the_same_logits(model):
     net = StaticGPT2(model, torch.float32)
     batch = left_pad([p[:2] for p in PROMPTS], 0, torch.device("cpu"))  # equal lengths: no padding
-    masked, causal = (net(batch.input_ids, batch.position_ids, batch.attention_mask.bool(), 0, net.new_cache(3, 4),
-                          causal=c) for c in (False, True))
+    caches = [net.new_cache(3, 4) for _ in range(3)]
+    masked, causal = (net(batch.input_ids, batch.position_ids, batch.attention_mask.bool(), 0, cache, causal=c)
+                      for c, cache in zip((False, True), caches))
     assert compare_logits(causal, masked)["rel_error"] < 1e-6
+    # last_only: the last layer runs attention, projection and MLP for the last position alone
+    last = net(batch.input_ids, batch.position_ids, batch.attention_mask.bool(), 0, caches[2], last_only=True,
+               causal=True)
+    assert last.shape == (3, 1, model.config.vocab_size) and compare_logits(last, masked[:, -1:])["rel_error"] < 1e-6
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(caches[2], caches[0]))  # every position's keys and values
     with pytest.raises(ValueError, match="causal needs a prefill from slot 0"):
         net(batch.input_ids, batch.position_ids, batch.attention_mask.bool(), 1, net.new_cache(3, 4), causal=True)
     eager, static = TorchEagerBackend(model), TorchCompiledBackend(model, "fp32", "cpu", compile=False)

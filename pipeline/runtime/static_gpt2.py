@@ -132,12 +132,17 @@ class StaticGPT2(torch.nn.Module):
             keys, values = cache[2 * i], cache[2 * i + 1]
             ops.write_cache(qkv, keys, values, start, slots)
             q = qkv.view(B, S, 3, self.n_head, self.head_dim)[:, :, 0].transpose(1, 2)  # [B, H, S, D]
-            a = F.scaled_dot_product_attention(q, keys[:, :, :T], values[:, :, :T], attn_mask=allowed,
-                                               is_causal=causal)  # [B, H, S, D]
-            y = F.linear(a.transpose(1, 2).reshape(B, S, self.n_embd), self.proj_w[i], self.proj_b[i])
+            mask, is_causal = allowed, causal
+            if last_only and i == self.n_layer - 1:
+                # every position's keys and values are cached by now, and only the last position's
+                # output is read: the last layer's attention, projection and MLP run for it alone
+                # (a single last query sees every slot up to its own: no causal flag)
+                q, x = q[:, :, -1:], x[:, -1:]
+                mask, is_causal = (None if causal else allowed[:, :, -1:]), False
+            a = F.scaled_dot_product_attention(q, keys[:, :, :T], values[:, :, :T], attn_mask=mask,
+                                               is_causal=is_causal)  # [B, H, S or 1, D]
+            y = F.linear(a.transpose(1, 2).reshape(B, q.shape[2], self.n_embd), self.proj_w[i], self.proj_b[i])
             x, h = ops.add_layer_norm(x, y, self.ln2_w[i], self.ln2_b[i], self.eps)
             y = F.linear(ops.linear_gelu(h, self.fc_w[i], self.fc_b[i]), self.fc2_w[i], self.fc2_b[i])
-        if last_only:
-            x, y = x[:, -1:], y[:, -1:]
         _, x = ops.add_layer_norm(x, y, self.lnf_w, self.lnf_b, self.eps)
         return F.linear(x, self.head_w, self.head_b)[..., :self.vocab_size]
