@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from pipeline.runtime.static_gpt2 import TorchOps
+from pipeline.runtime.triton_kernels import normalized_rows
 
 
 @triton.jit
@@ -31,12 +32,9 @@ def _add_layer_norm_kernel(x_ptr, y_ptr, w_ptr, b_ptr, h_ptr, rows, x_stride, y_
         y = tl.load(y_ptr + r[:, None] * y_stride + c[None, :], mask=inside, other=0.0)
         x = (x.to(tl.float32) + y.to(tl.float32)).to(x_ptr.dtype.element_ty)
         tl.store(x_at, x, mask=inside)
-    x = x.to(tl.float32)
-    centred = tl.where(inside, x - tl.sum(x, 1)[:, None] / C, 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, 1) / C + eps)
     w = tl.load(w_ptr + c, mask=c < C, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + c, mask=c < C, other=0.0).to(tl.float32)
-    h = centred * rstd[:, None] * w[None, :] + b[None, :]
+    h = normalized_rows(x.to(tl.float32), inside, C, eps) * w[None, :] + b[None, :]
     tl.store(h_ptr + r[:, None] * C + c[None, :], h.to(h_ptr.dtype.element_ty), mask=inside)
 
 

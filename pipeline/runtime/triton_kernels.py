@@ -61,12 +61,12 @@ def _embed_kernel(token_ptr, position_ptr, wte_ptr, wpe_ptr, x_ptr, C: tl.conste
 
 
 @triton.jit
-def _normalized(x, inside, K: tl.constexpr, eps):
-    """A layer norm without its weight and bias of one whole row x [BLOCK] fp32 (K values inside):
-    centred before the variance, which a row in registers can afford (a row with mean 300 and std
-    0.5 keeps 2e-6 relative error where the one-pass variance loses 5e-3)."""
-    x = tl.where(inside, x - tl.sum(x, 0) / K, 0.0)
-    return x * (1.0 / tl.sqrt(tl.sum(x * x, 0) / K + eps))
+def normalized_rows(x, inside, K: tl.constexpr, eps):
+    """A layer norm without its weight and bias of whole rows x [..., BLOCK] fp32 (K values inside
+    each): centred before the variance, which rows in registers can afford (a row with mean 300 and
+    std 0.5 keeps 2e-6 relative error where the one-pass variance loses 5e-3)."""
+    x = tl.where(inside, x - tl.sum(x, -1, keep_dims=True) / K, 0.0)
+    return x * (1.0 / tl.sqrt(tl.sum(x * x, -1, keep_dims=True) / K + eps))
 
 
 @triton.jit
@@ -79,7 +79,7 @@ def _layer_norm_kernel(x_ptr, out_ptr, eps, C: tl.constexpr, BLOCK_C: tl.constex
         gdc_wait()
         gdc_launch_dependents()  # the product after this waits for it anyway; its launch need not
     x = tl.load(x_ptr + row * C + c, mask=c < C, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * C + c, _normalized(x, c < C, C, eps).to(out_ptr.dtype.element_ty), mask=c < C)
+    tl.store(out_ptr + row * C + c, normalized_rows(x, c < C, C, eps).to(out_ptr.dtype.element_ty), mask=c < C)
 
 
 @triton.jit
@@ -135,7 +135,7 @@ def _row_product(x_ptr, w_ptr, row, rn, col_in, eps, K: tl.constexpr, LN: tl.con
         gdc_wait()
     x = tl.load(x_ptr + row * K + rk, mask=k_in, other=0.0).to(tl.float32)
     if LN:  # SPLIT_K is 1 here: the slice is the whole row, in registers
-        x = _normalized(x, k_in, K, eps)
+        x = normalized_rows(x, k_in, K, eps)
     return tl.sum(w.to(tl.float32) * x[None, :], 1)[None, :]
 
 
