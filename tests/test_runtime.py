@@ -74,13 +74,16 @@ def test_left_pad_positions_count_real_tokens_only():
     assert batch.input_ids.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert batch.attention_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     assert batch.position_ids.tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert batch.padded and not left_pad([[5, 6], [7, 8]], 0, torch.device("cpu")).padded
 
 
 def test_prompts_in_one_array_are_taken_as_the_same_lists(model):
     rows = np.array([[5, 6, 7], [8, 9, 10]], dtype=np.int32)
-    for got, want in zip(vars(left_pad(rows, 0, torch.device("cpu"))).values(),
-                         vars(left_pad(rows.tolist(), 0, torch.device("cpu"))).values()):
-        assert got.dtype == want.dtype and torch.equal(got, want)
+    got, want = left_pad(rows, 0, torch.device("cpu")), left_pad(rows.tolist(), 0, torch.device("cpu"))
+    for name in ("input_ids", "attention_mask", "position_ids"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert got.padded is want.padded is False
     gen = Generator(TorchEagerBackend(model))
     assert gen.generate(np.array(PROMPTS[2:] * 2), Sampling(max_new_tokens=4)) == gen.generate(PROMPTS[2:] * 2, Sampling(max_new_tokens=4))
     for bad in (np.zeros((2, 0), dtype=np.int64), np.zeros(3, dtype=np.int64), np.zeros((1, 2))):
@@ -132,6 +135,11 @@ def test_a_prompt_without_padding_takes_causal_attention_with_the_same_logits(mo
     s = Sampling(max_new_tokens=6)
     prompts = [p[:2] for p in PROMPTS]
     assert Generator(static).generate(prompts, s) == Generator(eager).generate(prompts, s)
+    # the caller's word on padding (Generator's) and the backend's own look at the mask agree
+    for padded in (None, False):
+        static.reset(3, 4)
+        logits = static.forward(batch.input_ids, batch.attention_mask, batch.position_ids, last_only=True, padded=padded)
+        assert compare_logits(logits, masked[:, -1:])["rel_error"] < 1e-6
 
 
 def test_folded_layer_norms_compute_the_same_function(model):

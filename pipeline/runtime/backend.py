@@ -29,10 +29,12 @@ class Backend(Protocol):
         """Prepare an empty KV cache for `batch` sequences of at most `max_len` tokens."""
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                last_only: bool = False) -> torch.Tensor:
+                last_only: bool = False, padded: bool | None = None) -> torch.Tensor:
         """input_ids/position_ids [B, S], attention_mask [B, past + S] (int64) -> logits [B, S, V] fp32
         ([B, 1, V] with last_only: generation needs no more, and the LM head over a whole prompt
         costs more than the rest of a batch-64 prefill). Appends the S new positions to the cache.
+        padded: whether attention_mask holds any 0, where the caller knows; a backend whose attention
+        differs for unpadded rows would otherwise have to wait for the device to tell (None: unknown).
         The result may be a buffer the next call rewrites: use or copy it before calling again."""
 
 

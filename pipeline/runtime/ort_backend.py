@@ -73,7 +73,7 @@ class OrtBackend:
         bind = binding.bind_output if output else binding.bind_input
         bind(name, self.ort_device[0], self.ort_device[1], np_type, list(shape), tensor.data_ptr())
 
-    def forward(self, input_ids, attention_mask, position_ids, last_only=False):
+    def forward(self, input_ids, attention_mask, position_ids, last_only=False, padded=None):
         batch, seq = input_ids.shape
         past, present = self.kv.step(batch, seq)
         binding = self.session.io_binding()

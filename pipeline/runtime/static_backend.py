@@ -129,7 +129,7 @@ class StaticCacheBackend:
             yield s.greedy_tokens[:, i]
 
     @torch.inference_mode()
-    def forward(self, input_ids, attention_mask, position_ids, last_only: bool = False):
+    def forward(self, input_ids, attention_mask, position_ids, last_only: bool = False, padded: bool | None = None):
         """As Backend.forward. On a GPU the result is a graph's output buffer: valid until the next call."""
         s = self.slot
         seq = input_ids.shape[1]
@@ -145,10 +145,12 @@ class StaticCacheBackend:
                 s.decode = capture(lambda: self.decode_step(s), self.device)
             s.decode[0].replay()
             return s.decode[1][:, None]
-        # a prompt without padding takes attention without a mask (StaticGPT2's causal). Telling costs
-        # one wait for the device, which has nothing else queued before a prefill; Hugging Face's
-        # SDPA attention makes the same check
-        causal = start == 0 and bool(attention_mask.all())
+        # a prompt without padding takes attention without a mask (StaticGPT2's causal). Unless the
+        # caller says (Generator does), telling costs a wait for the device, as Hugging Face's SDPA
+        # attention pays for the same check: 30-60 us of the time to first token on an H200's host
+        if start == 0 and padded is None:
+            padded = not bool(attention_mask.all())
+        causal = start == 0 and not padded
         prefill = lambda ids, pos: self.net(ids, pos, s.slot_mask, start, s.cache, last_only, causal).float()  # noqa: E731
         if not (self.cuda_graphs and last_only):  # full logits are for validation, not speed: no graph
             return prefill(input_ids, position_ids)

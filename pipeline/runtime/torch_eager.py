@@ -25,7 +25,7 @@ class TorchEagerBackend:
         self.cache = DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, input_ids, attention_mask, position_ids, last_only=False):
+    def forward(self, input_ids, attention_mask, position_ids, last_only=False, padded=None):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=True, logits_to_keep=int(last_only), **{self.cache_kw: self.cache})
         return out.logits.float()

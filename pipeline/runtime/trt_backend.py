@@ -72,7 +72,7 @@ class TrtBackend:
             self.context.set_input_shape(name, tuple(tensor.shape))
         self.context.set_tensor_address(name, tensor.data_ptr())
 
-    def forward(self, input_ids, attention_mask, position_ids, last_only=False):
+    def forward(self, input_ids, attention_mask, position_ids, last_only=False, padded=None):
         batch, seq = input_ids.shape
         past, present = self.kv.step(batch, seq)
         feeds = [t.to(self.device, torch.int64).contiguous() for t in (input_ids, attention_mask, position_ids)]
