@@ -118,10 +118,12 @@ class StaticGPT2(torch.nn.Module):
         # step masks the whole cache instead)
         T = start + S if prefill else cache[0].shape[2]
         slots = start + torch.arange(S, device=input_ids.device)  # [S]
-        t = torch.arange(T, device=input_ids.device)
         # [B, 1, S, T]: causal over slots, real tokens only; a query always sees itself (no empty rows)
-        allowed = None if causal else (((t[None, :] <= slots[:, None])[None] & slot_mask[:, None, :T])
-                                       | (t[None, :] == slots[:, None])[None])[:, None]
+        allowed = None
+        if not causal:
+            t = torch.arange(T, device=input_ids.device)
+            allowed = (((t[None, :] <= slots[:, None])[None] & slot_mask[:, None, :T])
+                       | (t[None, :] == slots[:, None])[None])[:, None]
         ops = self.prefill_ops if prefill else TorchOps
         # y: what the next residual add adds to x (first the position embedding), so that each add
         # goes with the layer norm after it
