@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+CONTRACT_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
 
 class PingPongKV:
     def __init__(self, n_tensors: int, n_head: int, head_dim: int, dtype: torch.dtype, device: torch.device):
@@ -35,6 +37,18 @@ class PingPongKV:
         present = [dst[j, :n_total].view(shape(total)) for j in range(self.n_tensors)]
         self._next = total
         return past, present
+
+    def io(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+           past_names: list[str], present_names: list[str], logits_dtype: torch.dtype,
+           vocab_size: int) -> tuple[list[tuple[str, torch.Tensor]], list[tuple[str, torch.Tensor]]]:
+        """Everything one forward of the contract graph binds, as (name, tensor) pairs: its inputs
+        (the three int64 ones on the cache's device, then each past) and its outputs (each present,
+        then logits [B, S, V], allocated here). Call `advance()` once the forward has run."""
+        batch, seq = input_ids.shape
+        past, present = self.step(batch, seq)
+        feeds = [t.to(self.device, torch.int64).contiguous() for t in (input_ids, attention_mask, position_ids)]
+        logits = torch.empty(batch, seq, vocab_size, dtype=logits_dtype, device=self.device)
+        return [*zip(CONTRACT_INPUTS, feeds), *zip(past_names, past)], [*zip(present_names, present), ("logits", logits)]
 
     def advance(self) -> None:
         self.flip, self.past_len = 1 - self.flip, self._next

@@ -14,6 +14,7 @@ from pipeline.runtime.kv_buffers import PingPongKV
 
 NUMPY_OF = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
 TORCH_OF = {np.float32: torch.float32, np.float16: torch.float16, np.int64: torch.int64}
+NUMPY_OF_TORCH = {t: n for n, t in TORCH_OF.items()}
 QDQ_PRECISIONS = ("int8", "int8-wo")
 
 
@@ -60,32 +61,28 @@ class OrtBackend:
         self.past_names = [n for n in inputs if n.startswith("past_key_values.")]
         self.present_names = [o.name for o in self.session.get_outputs() if o.name.startswith("present.")]
         first = inputs[self.past_names[0]]
-        self.kv_np = NUMPY_OF[first.type]
         logits = next(o for o in self.session.get_outputs() if o.name == "logits")
-        self.logits_np, self.vocab_size = NUMPY_OF[logits.type], logits.shape[2]
+        self.logits_dtype, self.vocab_size = TORCH_OF[NUMPY_OF[logits.type]], logits.shape[2]
         self.ort_device = ("cuda", self.device.index or 0) if self.device.type == "cuda" else ("cpu", 0)
-        self.kv = PingPongKV(len(self.past_names), first.shape[1], first.shape[3], TORCH_OF[self.kv_np], self.device)
+        self.kv = PingPongKV(len(self.past_names), first.shape[1], first.shape[3], TORCH_OF[NUMPY_OF[first.type]], self.device)
 
     def reset(self, batch: int, max_len: int) -> None:
         self.kv.reset(batch, max_len)
 
-    def _bind(self, binding, name: str, tensor: torch.Tensor, np_type, shape, output: bool = False) -> None:
+    def _bind(self, binding, name: str, tensor: torch.Tensor, output: bool = False) -> None:
         bind = binding.bind_output if output else binding.bind_input
-        bind(name, self.ort_device[0], self.ort_device[1], np_type, list(shape), tensor.data_ptr())
+        bind(name, self.ort_device[0], self.ort_device[1], NUMPY_OF_TORCH[tensor.dtype], list(tensor.shape),
+             tensor.data_ptr())
 
     def forward(self, input_ids, attention_mask, position_ids, last_only=False, padded=None):
-        batch, seq = input_ids.shape
-        past, present = self.kv.step(batch, seq)
+        inputs, outputs = self.kv.io(input_ids, attention_mask, position_ids, self.past_names, self.present_names,
+                                     self.logits_dtype, self.vocab_size)
         binding = self.session.io_binding()
-        feeds = [t.to(self.device, torch.int64).contiguous() for t in (input_ids, attention_mask, position_ids)]
-        for name, tensor in zip(("input_ids", "attention_mask", "position_ids"), feeds):
-            self._bind(binding, name, tensor, np.int64, tensor.shape)
-        for name, tensor in zip(self.past_names, past):
-            self._bind(binding, name, tensor, self.kv_np, tensor.shape)
-        for name, tensor in zip(self.present_names, present):
-            self._bind(binding, name, tensor, self.kv_np, tensor.shape, output=True)
-        logits = torch.empty(batch, seq, self.vocab_size, dtype=TORCH_OF[self.logits_np], device=self.device)
-        self._bind(binding, "logits", logits, self.logits_np, logits.shape, output=True)
+        for name, tensor in inputs:
+            self._bind(binding, name, tensor)
+        for name, tensor in outputs:
+            self._bind(binding, name, tensor, output=True)
         self.session.run_with_iobinding(binding)
         self.kv.advance()
+        logits = outputs[-1][1]
         return (logits[:, -1:] if last_only else logits).float()

@@ -73,18 +73,14 @@ class TrtBackend:
         self.context.set_tensor_address(name, tensor.data_ptr())
 
     def forward(self, input_ids, attention_mask, position_ids, last_only=False, padded=None):
-        batch, seq = input_ids.shape
-        past, present = self.kv.step(batch, seq)
-        feeds = [t.to(self.device, torch.int64).contiguous() for t in (input_ids, attention_mask, position_ids)]
-        for name, tensor in zip(("input_ids", "attention_mask", "position_ids"), feeds):
+        inputs, outputs = self.kv.io(input_ids, attention_mask, position_ids, self.past_names, self.present_names,
+                                     self.logits_dtype, self.vocab_size)
+        for name, tensor in inputs:
             self._bind(name, tensor, True)
-        for name, tensor in zip(self.past_names, past):
-            self._bind(name, tensor, True)
-        for name, tensor in zip(self.present_names, present):
+        for name, tensor in outputs:
             self._bind(name, tensor, False)
-        logits = torch.empty(batch, seq, self.vocab_size, dtype=self.logits_dtype, device=self.device)
-        self._bind("logits", logits, False)
         if not self.context.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
             raise RuntimeError("TensorRT execute_async_v3 failed (see its log above)")
         self.kv.advance()
+        logits = outputs[-1][1]
         return (logits[:, -1:] if last_only else logits).float()
