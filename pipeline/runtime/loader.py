@@ -47,17 +47,15 @@ def open_backend(run: RunDir, name: str, precision: str, device: torch.device, m
             raise BackendUnavailable(f"{name} runs fp32/fp16; {precision} runs on ort or trt")
         if precision == "fp16" and device.type != "cuda":
             raise BackendUnavailable("fp16 PyTorch runs on a GPU only (no CUDA device here)")
+        # the class first: a backend that cannot run here says so before the checkpoint is read
         if name == "triton":
             check_triton(device)
-        model = model if model is not None else load_checkpoint(run.checkpoint)
-        if name == "torch":
-            from pipeline.runtime.torch_eager import TorchEagerBackend
-            return TorchEagerBackend(model, precision, device)
-        if name == "triton":
-            from pipeline.runtime.triton_backend import TritonBackend
-            return TritonBackend(model, precision, device)
-        from pipeline.runtime.torch_compiled import TorchCompiledBackend
-        return TorchCompiledBackend(model, precision, device)
+            from pipeline.runtime.triton_backend import TritonBackend as backend_class
+        elif name == "torch":
+            from pipeline.runtime.torch_eager import TorchEagerBackend as backend_class
+        else:
+            from pipeline.runtime.torch_compiled import TorchCompiledBackend as backend_class
+        return backend_class(model if model is not None else load_checkpoint(run.checkpoint), precision, device)
     if name == "ort":
         from pipeline.runtime.ort_backend import OrtBackend
         return OrtBackend(onnx_path(run, precision), precision, device, _n_positions(run, model))
