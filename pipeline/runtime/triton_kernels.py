@@ -379,11 +379,14 @@ def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
         if small:
             return LinearConfig(16, 16, block_k, split, warps=4)
         return LinearConfig(64 if k > 1024 else 32, 32, block_k, split, warps=4)
+    # above 16 rows, pipeline depths chosen inside the whole batch-64 greedy step (decode_notes_h200.md:
+    # the QKV and fc tiles 4 stages deep, the head 3, so that its 393 programs fit in one wave): 411-412
+    # -> 403-404 us a step on an H200; each alone 1.5-2 us, the three together more
     if n > 8192:  # the LM head
         if head_normalized_apart(m):
-            return LinearConfig(64, 128, 64, warps=4, stages=4)
+            return LinearConfig(64, 128, 64, warps=4, stages=3)
         return LinearConfig(16, 256, 64, warps=8, stages=4)
-    return LinearConfig(16, 32 if small else 128, block_k, warps=4)
+    return LinearConfig(16, 32, block_k, warps=4) if small else LinearConfig(16, 128, block_k, warps=4, stages=4)
 
 
 def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bias: torch.Tensor | None = None,
