@@ -84,6 +84,10 @@ def test_prompts_in_one_array_are_taken_as_the_same_lists(model):
         a, b = getattr(got, name), getattr(want, name)
         assert a.dtype == b.dtype and torch.equal(a, b)
     assert got.padded is want.padded is False
+    same_dtype = rows.astype(np.int64)
+    batch = left_pad(same_dtype, 0, torch.device("cpu"))
+    same_dtype[0, 0] = 99  # the caller's array is theirs: the batch holds a copy
+    assert batch.input_ids[0, 0].item() == 5
     gen = Generator(TorchEagerBackend(model))
     assert gen.generate(np.array(PROMPTS[2:] * 2), Sampling(max_new_tokens=4)) == gen.generate(PROMPTS[2:] * 2, Sampling(max_new_tokens=4))
     for bad in (np.zeros((2, 0), dtype=np.int64), np.zeros(3, dtype=np.int64), np.zeros((1, 2))):
