@@ -71,7 +71,7 @@ def test_empty_prompt_and_context_limit(model):
 
 def test_left_pad_positions_count_real_tokens_only():
     batch = left_pad([[5, 6, 7], [8]], 0, torch.device("cpu"))
-    assert batch.input_ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert batch.input_ids.tolist() == batch.host_ids.tolist() == [[5, 6, 7], [0, 0, 8]]
     assert batch.attention_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     assert batch.position_ids.tolist() == [[0, 1, 2], [0, 0, 0]]
     assert batch.padded and not left_pad([[5, 6], [7, 8]], 0, torch.device("cpu")).padded
@@ -87,7 +87,7 @@ def test_prompts_in_one_array_are_taken_as_the_same_lists(model):
     same_dtype = rows.astype(np.int64)
     batch = left_pad(same_dtype, 0, torch.device("cpu"))
     same_dtype[0, 0] = 99  # the caller's array is theirs: the batch holds a copy
-    assert batch.input_ids[0, 0].item() == 5
+    assert batch.host_ids[0, 0].item() == batch.input_ids[0, 0].item() == 5
     gen = Generator(TorchEagerBackend(model))
     assert gen.generate(np.array(PROMPTS[2:] * 2), Sampling(max_new_tokens=4)) == gen.generate(PROMPTS[2:] * 2, Sampling(max_new_tokens=4))
     for bad in (np.zeros((2, 0), dtype=np.int64), np.zeros(3, dtype=np.int64), np.zeros((1, 2))):
@@ -119,6 +119,17 @@ def test_static_cache_backend_matches_the_reference(model):
     assert Generator(static).generate(PROMPTS, s) == free  # through its greedy_steps: argmax fed back in place
     stopped = Sampling(max_new_tokens=20, stop_tokens=(free[1][3],))
     assert Generator(static).generate(PROMPTS, stopped) == Generator(eager).generate(PROMPTS, stopped)
+
+
+def test_a_reused_cache_ignores_the_last_generations_slot_marks(model):
+    """A reset clears no slot marks: after an unpadded generation marks every slot real (its causal
+    prefill marks them after it runs), padded prompts on the same cache still match eager."""
+    static = TorchCompiledBackend(model, "fp32", "cpu", compile=False)
+    s = Sampling(max_new_tokens=12)
+    width = max(map(len, PROMPTS))
+    Generator(static).generate([PROMPTS[0][:1] * width] * 3, Sampling(max_new_tokens=20))
+    assert static.slot.slot_mask[:, :width + 19].all()
+    assert Generator(static).generate(PROMPTS, s) == Generator(TorchEagerBackend(model)).generate(PROMPTS, s)
 
 
 def test_a_prompt_without_padding_takes_causal_attention_with_the_same_logits(model):

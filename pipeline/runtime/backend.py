@@ -6,7 +6,9 @@ owns only how the model is executed. Tensors cross this boundary as torch tensor
 backend's device.
 
 A backend may also offer greedy_steps (the static-cache backends do, see static_backend): then the
-generator hands plain greedy decoding to it, and the backend feeds each argmax back itself."""
+generator hands plain greedy decoding to it, and the backend feeds each argmax back itself. And it
+may set takes_host_ids: then a prefill's input_ids may come on the host, for the backend to move
+(the static-cache backends' prefill graphs copy them as their first node)."""
 
 from __future__ import annotations
 

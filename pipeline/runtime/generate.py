@@ -17,13 +17,26 @@ from pipeline.runtime.sampling import Sampling, next_tokens
 
 @dataclass
 class Batch:
-    """Prompts left-padded to one length. input_ids/attention_mask/position_ids [B, S]; padded: whether
-    any row is (known on the host, so a backend need not ask the device). Read-only: batches of one
-    unpadded shape share their mask and positions."""
-    input_ids: torch.Tensor
+    """Prompts left-padded to one length. host_ids [B, S] int64: the batch's own copy on the host;
+    input_ids, attention_mask, position_ids [B, S] on the device; padded: whether any row is (known
+    on the host, so a backend need not ask the device). Read-only: batches of one unpadded shape
+    share their mask and positions."""
+    host_ids: torch.Tensor
     attention_mask: torch.Tensor
     position_ids: torch.Tensor
     padded: bool
+    sent_ids: torch.Tensor | None = None  # input_ids, once sent
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """The ids on the device, sent on first use: a backend that takes host ids never needs them.
+        Sent from page-locked memory, without waiting: on an H200's host a pageable copy of 64 x 128
+        tokens took 0.24 ms right after a generation, 0.035 ms pinned."""
+        if self.sent_ids is None:
+            device = self.attention_mask.device
+            host = self.host_ids.pin_memory() if device.type == "cuda" else self.host_ids
+            self.sent_ids = host.to(device, non_blocking=True)
+        return self.sent_ids
 
 
 Prompts = list[list[int]] | np.ndarray  # token ids: a list per row, or one [B, S] integer array of equal rows
@@ -43,16 +56,15 @@ def left_pad(prompts: Prompts, pad_id: int, device: torch.device) -> Batch:
     numpy and sent to the device in one copy: per-row torch tensors cost milliseconds at batch 64.
 
     A batch without padding (one integer array, as a tokenizer's batch or the bench's prompts, or
-    lists of one length) sends only its ids: the mask and positions of unpadded rows come from
-    unpadded_mask_and_positions. Every host operation here delays the prefill, and right after a
-    generation the host runs them slowly: on an H200's host each took 20-120 us there, and sending
-    the ids alone brought the time to first token at batch 64 from 3.38 to 3.19 ms (batch 1: 0.92
-    to 0.80)."""
+    lists of one length) sends nothing: its ids go to the device when first asked for (Batch), and
+    the mask and positions of unpadded rows come from unpadded_mask_and_positions. Every host
+    operation here delays the prefill, and right after a generation the host runs them slowly: on an
+    H200's host each took 20-120 us there."""
     if isinstance(prompts, np.ndarray):
         if prompts.ndim != 2 or not prompts.shape[1] or prompts.dtype.kind not in "iu":
             raise UserError(f"prompts as an array must be integer token ids [batch, tokens] with at least one token; "
                             f"this one is {prompts.dtype} of shape {prompts.shape}")
-        ids, padded = np.ascontiguousarray(prompts, dtype=np.int64), False
+        ids, padded = np.array(prompts, dtype=np.int64, order="C"), False  # a copy: the caller's array is theirs
     else:
         for i, p in enumerate(prompts):
             if not p:
@@ -62,21 +74,16 @@ def left_pad(prompts: Prompts, pad_id: int, device: torch.device) -> Batch:
         for row, p in zip(ids, prompts):
             row[ids.shape[1] - len(p):] = p
         padded = bool((lengths < ids.shape[1]).any())
-    # the copy to the device goes from page-locked memory so that it does not wait on the driver's
-    # staging: on an H200's host a pageable copy of 64 x 128 tokens took 0.24 ms right after a
-    # generation, 0.035 ms pinned. On a CPU the batch gets a copy of its own: it never aliases the
-    # caller's array.
-    pinned = device.type == "cuda"
     if not padded:
-        host = torch.from_numpy(ids)
-        host = host.pin_memory() if pinned else host.clone()
-        return Batch(host.to(device, non_blocking=True), *unpadded_mask_and_positions(*ids.shape, device), padded=False)
+        return Batch(torch.from_numpy(ids), *unpadded_mask_and_positions(*ids.shape, device), padded=False)
+    # one copy to the device, from page-locked memory (Batch.input_ids)
     width = ids.shape[1]
     mask = (np.arange(width)[None, :] >= width - lengths[:, None]).astype(np.int64)
     positions = np.maximum(mask.cumsum(-1) - 1, 0)
-    host = torch.empty((3, *ids.shape), dtype=torch.int64, pin_memory=pinned)
+    host = torch.empty((3, *ids.shape), dtype=torch.int64, pin_memory=device.type == "cuda")
     np.stack([ids, mask, positions], out=host.numpy())
-    return Batch(*host.to(device, non_blocking=True).unbind(0), padded=True)
+    sent_ids, mask, positions = host.to(device, non_blocking=True).unbind(0)
+    return Batch(torch.from_numpy(ids), mask, positions, padded=True, sent_ids=sent_ids)
 
 
 class Generator:
@@ -97,7 +104,7 @@ class Generator:
         device only where stop tokens require a look at the tokens."""
         s.check()
         batch = left_pad(prompts, self.pad_id, self.backend.device)
-        b, width = batch.input_ids.shape
+        b, width = batch.host_ids.shape
         self.check_length(width, s.max_new_tokens)
         device = self.backend.device
         generator = torch.Generator(device).manual_seed(s.seed) if s.seed is not None else None
@@ -112,7 +119,8 @@ class Generator:
             mask[:, :width] = batch.attention_mask
         stops = torch.tensor(s.stop_tokens, dtype=torch.long, device=device) if s.stop_tokens else None
         done = torch.zeros(b, dtype=torch.bool, device=device) if stops is not None else None
-        logits = self.backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids, last_only=True,
+        ids = batch.host_ids if getattr(self.backend, "takes_host_ids", False) else batch.input_ids
+        logits = self.backend.forward(ids, batch.attention_mask, batch.position_ids, last_only=True,
                                       padded=batch.padded)[:, -1]
         position = batch.position_ids[:, -1:]
         token = next_tokens(logits, seen, s, generator)

@@ -38,7 +38,28 @@ class CacheSlot:
     scratch: dict[str, torch.Tensor] = field(default_factory=dict)  # a subclass's own buffers
     decode: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None  # graph, its logits [B, V] fp32
     greedy: torch.cuda.CUDAGraph | None = None  # greedy_step, captured
-    prefill: OrderedDict = field(default_factory=OrderedDict)  # (start, seq, causal) -> (graph, its logits, input_ids, position_ids)
+    prefill: OrderedDict = field(default_factory=OrderedDict)  # (start, seq, causal) -> PrefillGraph
+
+
+@dataclass
+class PrefillGraph:
+    """A prefill captured for one prompt shape. Its first node copies the ids from `staged`, page-locked
+    host memory the host fills, to the device: the ids cost the host no launch of their own before
+    the replay (right after a generation each launch took it 20-70 us)."""
+    staged: torch.Tensor  # [B, S] int64, page-locked
+    positions: torch.Tensor  # [B, S] on the device (a causal prefill's are its slots: not read)
+    copied: torch.cuda.Event  # recorded after each replay: `staged` may be refilled once it has passed
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: torch.Tensor | None = None  # what each replay rewrites
+
+    def stage(self, input_ids: torch.Tensor) -> None:
+        """The ids of the next replay into `staged`: from the host, once the last replay has copied
+        it out; ids already on the device go round through it in stream order, before the replay."""
+        if input_ids.is_cuda:
+            self.staged.copy_(input_ids, non_blocking=True)
+        else:
+            self.copied.synchronize()
+            self.staged.copy_(input_ids)
 
 
 def capture(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -58,6 +79,7 @@ def capture(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch
 
 class StaticCacheBackend:
     name: str
+    takes_host_ids = True  # Backend's option: a prefill graph copies the ids to the device itself (PrefillGraph)
     fold_layer_norms = False  # StaticGPT2's option: for kernels that fuse each norm into the product after it
     prefill_ops = TorchOps  # StaticGPT2's option: what the prefill's elementwise work runs as
 
@@ -83,8 +105,7 @@ class StaticCacheBackend:
         length = min(-(-max_len // CACHE_ROUNDING) * CACHE_ROUNDING, max(self.n_positions, max_len))
         if (batch, length) not in self.slots:
             self.slots[batch, length] = self.new_slot(batch, length)
-        self.slot = self.slots[batch, length]
-        self.slot.slot_mask.zero_()
+        self.slot = self.slots[batch, length]  # its slot marks are rewritten as the cache fills (mark_slots)
 
     def greedy_step(self, s: CacheSlot) -> None:
         """One greedy step that feeds the next: s.token at s.position into slot s.start, its argmax
@@ -134,7 +155,16 @@ class StaticCacheBackend:
         s = self.slot
         seq = input_ids.shape[1]
         start = attention_mask.shape[1] - seq
-        s.slot_mask[:, start:start + seq].copy_(attention_mask[:, start:])  # one kernel, int64 -> bool
+        # a prompt without padding takes attention without a mask (StaticGPT2's causal). Unless the
+        # caller says (Generator does), telling costs a wait for the device, as Hugging Face's SDPA
+        # attention pays for the same check: 30-60 us of the time to first token on an H200's host
+        if start == 0 and seq > 1 and padded is None:
+            padded = not bool(attention_mask.all())
+        causal = start == 0 and seq > 1 and not padded
+        # a causal prefill reads no slot marks: they go in after its launch, where on a GPU they cost
+        # the first token nothing (right after a generation each launch took the host 20-70 us)
+        if not causal:
+            self.mark_slots(attention_mask, start, seq)
         if seq == 1:  # a prefill takes its start as a host int; only the decode step reads it from the device
             s.start.fill_(start)
             s.token.copy_(input_ids)
@@ -145,24 +175,42 @@ class StaticCacheBackend:
                 s.decode = capture(lambda: self.decode_step(s), self.device)
             s.decode[0].replay()
             return s.decode[1][:, None]
-        # a prompt without padding takes attention without a mask (StaticGPT2's causal). Unless the
-        # caller says (Generator does), telling costs a wait for the device, as Hugging Face's SDPA
-        # attention pays for the same check: 30-60 us of the time to first token on an H200's host
-        if start == 0 and padded is None:
-            padded = not bool(attention_mask.all())
-        causal = start == 0 and not padded
         prefill = lambda ids, pos: self.net(ids, pos, s.slot_mask, start, s.cache, last_only, causal).float()  # noqa: E731
-        if not (self.cuda_graphs and last_only):  # full logits are for validation, not speed: no graph
-            return prefill(input_ids, position_ids)
-        shape = (start, seq, causal)
-        if shape not in s.prefill:
-            ids, pos = input_ids.clone(), position_ids.clone()
-            s.prefill[shape] = (*capture(lambda: prefill(ids, pos), self.device), ids, pos)
+        if self.cuda_graphs and last_only:
+            logits = self.replay_prefill(prefill, input_ids, position_ids, (start, seq, causal))
+        else:  # full logits are for validation, not speed: no graph
+            logits = prefill(input_ids.to(self.device), position_ids)
+        if causal:
+            self.mark_slots(attention_mask, start, seq)
+        return logits
+
+    def mark_slots(self, attention_mask: torch.Tensor, start: int, seq: int) -> None:
+        """Slots start.. start + seq marked real or padding from the attention mask's last seq columns.
+        Slots after them keep an earlier generation's marks: attention reads only slots up to its
+        query's own, all marked by then, so a reset clears nothing."""
+        self.slot.slot_mask[:, start:start + seq].copy_(attention_mask[:, start:])  # one kernel, int64 -> bool
+
+    def replay_prefill(self, prefill: Callable, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                       shape: tuple[int, int, bool]) -> torch.Tensor:
+        """prefill(ids, positions) replayed from the slot's CUDA graph for shape (start, seq, causal),
+        captured on first use. input_ids on the host or the device. Returns the graph's logits buffer."""
+        s = self.slot
+        entry = s.prefill.get(shape)
+        if entry is None:
+            entry = PrefillGraph(torch.empty(input_ids.shape, dtype=torch.long, pin_memory=True), position_ids.clone(),
+                                 torch.cuda.Event())
+            entry.stage(input_ids)  # the capture's warm-up runs read them
+            ids = torch.empty(input_ids.shape, dtype=torch.long, device=self.device)
+            entry.graph, entry.logits = capture(
+                lambda: prefill(ids.copy_(entry.staged, non_blocking=True), entry.positions), self.device)
+            s.prefill[shape] = entry
             if len(s.prefill) > PREFILL_GRAPHS:
                 s.prefill.popitem(last=False)
+        else:
+            entry.stage(input_ids)
+            if not shape[2]:  # a causal prefill's positions are its slots: StaticGPT2 does not read them
+                entry.positions.copy_(position_ids)
         s.prefill.move_to_end(shape)
-        graph, logits, ids, pos = s.prefill[shape]
-        ids.copy_(input_ids)
-        pos.copy_(position_ids)
-        graph.replay()
-        return logits
+        entry.graph.replay()
+        entry.copied.record()
+        return entry.logits

@@ -109,7 +109,8 @@ class StaticGPT2(torch.nn.Module):
         whose one graph then serves every slot); cache as new_cache(). causal: a prefill from slot 0
         whose rows have no padding, so that attention is plain causal and needs no mask (SDPA then
         takes its causal flash kernel: on an H200 23 against 45 us a layer at batch 64 x 128
-        tokens, 8.7 against 18.5 at batch 1). -> logits [B, S or 1, V]"""
+        tokens, 8.7 against 18.5 at batch 1), and every position is its slot: neither slot_mask nor
+        position_ids is read. -> logits [B, S or 1, V]"""
         B, S = input_ids.shape
         prefill = isinstance(start, int)  # a decode step's start is a tensor: one graph for every slot
         if causal and not (prefill and start == 0):
@@ -127,7 +128,7 @@ class StaticGPT2(torch.nn.Module):
         ops = self.prefill_ops if prefill else TorchOps
         # y: what the next residual add adds to x (first the position embedding), so that each add
         # goes with the layer norm after it
-        x, y = self.wte[input_ids], self.wpe[position_ids]  # [B, S, C]
+        x, y = self.wte[input_ids], self.wpe[slots.expand(B, S) if causal else position_ids]  # [B, S, C]
         for i in range(self.n_layer):
             x, h = ops.add_layer_norm(x, y, self.ln1_w[i], self.ln1_b[i], self.eps)
             qkv = F.linear(h, self.qkv_w[i], self.qkv_b[i])  # [B, S, 3C]
