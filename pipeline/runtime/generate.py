@@ -53,7 +53,8 @@ def unpadded_mask_and_positions(batch: int, width: int, device: torch.device) ->
 def left_pad(prompts: Prompts, pad_id: int, device: torch.device) -> Batch:
     """Pad on the left so every row's last prompt token is at the same column; positions count
     real tokens only (as Hugging Face's generate does), so padding does not shift them. Built in
-    numpy and sent to the device in one copy: per-row torch tensors cost milliseconds at batch 64.
+    numpy; a padded batch goes to the device in one copy (per-row torch tensors cost milliseconds at
+    batch 64).
 
     A batch without padding (one integer array, as a tokenizer's batch or the bench's prompts, or
     lists of one length) sends nothing: its ids go to the device when first asked for (Batch), and

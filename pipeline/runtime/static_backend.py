@@ -162,7 +162,7 @@ class StaticCacheBackend:
             padded = not bool(attention_mask.all())
         causal = start == 0 and seq > 1 and not padded
         # a causal prefill reads no slot marks: they go in after its launch, where on a GPU they cost
-        # the first token nothing (right after a generation each launch took the host 20-70 us)
+        # the first token nothing (each launch before it does: PrefillGraph's docstring)
         if not causal:
             self.mark_slots(attention_mask, start, seq)
         if seq == 1:  # a prefill takes its start as a host int; only the decode step reads it from the device
@@ -194,7 +194,7 @@ class StaticCacheBackend:
                        shape: tuple[int, int, bool]) -> torch.Tensor:
         """prefill(ids, positions) replayed from the slot's CUDA graph for shape (start, seq, causal),
         captured on first use. input_ids on the host or the device. Returns the graph's logits buffer."""
-        s = self.slot
+        s, causal = self.slot, shape[2]
         entry = s.prefill.get(shape)
         if entry is None:
             entry = PrefillGraph(torch.empty(input_ids.shape, dtype=torch.long, pin_memory=True), position_ids.clone(),
@@ -208,7 +208,7 @@ class StaticCacheBackend:
                 s.prefill.popitem(last=False)
         else:
             entry.stage(input_ids)
-            if not shape[2]:  # a causal prefill's positions are its slots: StaticGPT2 does not read them
+            if not causal:  # a causal prefill's positions are its slots: StaticGPT2 does not read them
                 entry.positions.copy_(position_ids)
         s.prefill.move_to_end(shape)
         entry.graph.replay()
