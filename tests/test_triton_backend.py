@@ -208,3 +208,27 @@ def test_prefill_ops_match_pytorch(last_only):
     TorchOps.write_cache(qkv, *caches[0], 3, torch.arange(3, 8))
     TritonOps.write_cache(qkv, *caches[1], 3, torch.arange(3, 8))
     assert caches[0][0][:, :, 3:8].abs().sum() > 0 and all(map(torch.equal, caches[0], caches[1]))
+
+
+@pytest.mark.parametrize("seq", [5, 64, 70])  # within one block, exactly one, a second block's tail
+def test_prefill_causal_attention_and_embedding_match_pytorch(seq):
+    """The fused causal attention writes the cache slots 0..seq exactly as TorchOps does (and no
+    other) and attends as SDPA's causal kernel; the embedding fused into the first layer norm gives
+    TorchOps' gather, add and norm, for positions given per row and shared by every row."""
+    from pipeline.runtime.prefill_kernels import TritonOps
+    from pipeline.runtime.static_gpt2 import TorchOps
+    torch.manual_seed(4)
+    qkv = torch.randn(2, seq, 3 * 32)
+    caches = [[torch.full((2, 2, seq + 9, 16), 7.0) for _ in range(2)] for _ in range(2)]
+    expected = TorchOps.causal_attention(qkv, *caches[0])
+    got = TritonOps.causal_attention(qkv, *caches[1])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert all(map(torch.equal, caches[0], caches[1])) and (caches[1][0][:, :, seq:] == 7).all()
+    wte, wpe = torch.randn(50, 48).half() * 3, torch.randn(80, 48).half()
+    weight, bias = torch.rand(48) + 0.5, torch.randn(48)
+    ids = torch.randint(0, 50, (2, seq))
+    for positions in (torch.arange(seq).expand(2, seq), torch.randint(0, 80, (2, seq))):
+        want = TorchOps.embed_layer_norm(wte.float(), wpe.float(), ids, positions, weight, bias, 1e-5)
+        fused = TritonOps.embed_layer_norm(wte, wpe, ids, positions, weight.half(), bias.half(), 1e-5)
+        for g, w in zip(fused, want):
+            torch.testing.assert_close(g.float(), w, rtol=2e-3, atol=2e-3)

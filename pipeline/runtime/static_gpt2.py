@@ -29,13 +29,31 @@ class TorchOps:
         return x, F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
     @staticmethod
+    def embed_layer_norm(wte: torch.Tensor, wpe: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
+                         weight: torch.Tensor, bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first layer norm over the embedded input: (x, layer_norm(x)) for x = wte[ids] + wpe[positions]."""
+        return TorchOps.add_layer_norm(wte[ids], wpe[positions], weight, bias, eps)
+
+    @staticmethod
+    def causal_attention(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """A prefill from slot 0 without padding: the keys and values of qkv [B, S, 3C] into slots 0..S
+        of the caches [B, H, T, D], and plain causal attention over them -> [B, S, C]."""
+        batch, seq, width = qkv.shape
+        _, heads, _, head_dim = keys.shape
+        TorchOps.write_cache(qkv, keys, values, 0, None)
+        q = qkv.view(batch, seq, 3, heads, head_dim)[:, :, 0].transpose(1, 2)  # [B, H, S, D]
+        a = F.scaled_dot_product_attention(q, keys[:, :, :seq], values[:, :, :seq], is_causal=True)
+        return a.transpose(1, 2).reshape(batch, seq, width // 3)
+
+    @staticmethod
     def linear_gelu(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return F.gelu(F.linear(h, w, b), approximate="tanh")
 
     @staticmethod
     def write_cache(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: torch.Tensor | int,
-                    slots: torch.Tensor) -> None:
-        """The keys and values of qkv [B, S, 3C] into the caches [B, H, T, D] at slots (start.. start + S)."""
+                    slots: torch.Tensor | None) -> None:
+        """The keys and values of qkv [B, S, 3C] into the caches [B, H, T, D] at slots (start.. start + S;
+        slots, the same as a tensor, is read only where start is one)."""
         batch, seq, _ = qkv.shape
         _, heads, _, head_dim = keys.shape
         k, v = qkv.view(batch, seq, 3, heads, head_dim)[:, :, 1:].permute(2, 0, 3, 1, 4)  # [B, H, S, D] each
@@ -107,10 +125,10 @@ class StaticGPT2(torch.nn.Module):
         """input_ids/position_ids [B, S]; slot_mask [B, T] bool (which cache slots are real tokens);
         start: the first slot written, an int (a prefill) or a scalar int64 tensor (a decode step,
         whose one graph then serves every slot); cache as new_cache(). causal: a prefill from slot 0
-        whose rows have no padding, so that attention is plain causal and needs no mask (SDPA then
-        takes its causal flash kernel: on an H200 23 against 45 us a layer at batch 64 x 128
-        tokens, 8.7 against 18.5 at batch 1), and every position is its slot: neither slot_mask nor
-        position_ids is read. -> logits [B, S or 1, V]"""
+        whose rows have no padding, so that attention is plain causal and needs no mask
+        (ops.causal_attention: SDPA's causal flash kernel took 23 against 45 us a layer with the mask
+        on an H200 at batch 64 x 128 tokens, 8.7 against 18.5 at batch 1), and every position is its
+        slot: neither slot_mask nor position_ids is read. -> logits [B, S or 1, V]"""
         B, S = input_ids.shape
         prefill = isinstance(start, int)  # a decode step's start is a tensor: one graph for every slot
         if causal and not (prefill and start == 0):
@@ -126,25 +144,31 @@ class StaticGPT2(torch.nn.Module):
             allowed = (((t[None, :] <= slots[:, None])[None] & slot_mask[:, None, :T])
                        | (t[None, :] == slots[:, None])[None])[:, None]
         ops = self.prefill_ops if prefill else TorchOps
-        # y: what the next residual add adds to x (first the position embedding), so that each add
-        # goes with the layer norm after it
-        x, y = self.wte[input_ids], self.wpe[slots.expand(B, S) if causal else position_ids]  # [B, S, C]
+        positions = slots.expand(B, S) if causal else position_ids
+        # y: what the next residual add adds to x, so that each add goes with the layer norm after it
+        # (the first, the position embedding's, with the embedding itself)
+        x, h = ops.embed_layer_norm(self.wte, self.wpe, input_ids, positions, self.ln1_w[0], self.ln1_b[0], self.eps)
         for i in range(self.n_layer):
-            x, h = ops.add_layer_norm(x, y, self.ln1_w[i], self.ln1_b[i], self.eps)
+            if i:
+                x, h = ops.add_layer_norm(x, y, self.ln1_w[i], self.ln1_b[i], self.eps)
             qkv = F.linear(h, self.qkv_w[i], self.qkv_b[i])  # [B, S, 3C]
             keys, values = cache[2 * i], cache[2 * i + 1]
-            ops.write_cache(qkv, keys, values, start, slots)
-            q = qkv.view(B, S, 3, self.n_head, self.head_dim)[:, :, 0].transpose(1, 2)  # [B, H, S, D]
-            mask, is_causal = allowed, causal
-            if last_only and i == self.n_layer - 1:
-                # every position's keys and values are cached by now, and only the last position's
-                # output is read: the last layer's attention, projection and MLP run for it alone
-                # (a single last query sees every slot up to its own: no causal flag)
-                q, x = q[:, :, -1:], x[:, -1:]
-                mask, is_causal = (None if causal else allowed[:, :, -1:]), False
-            a = F.scaled_dot_product_attention(q, keys[:, :, :T], values[:, :, :T], attn_mask=mask,
-                                               is_causal=is_causal)  # [B, H, S or 1, D]
-            y = F.linear(a.transpose(1, 2).reshape(B, q.shape[2], self.n_embd), self.proj_w[i], self.proj_b[i])
+            last = last_only and i == self.n_layer - 1
+            if causal and not last:
+                a = ops.causal_attention(qkv, keys, values)
+            else:
+                ops.write_cache(qkv, keys, values, start, slots)
+                q = qkv.view(B, S, 3, self.n_head, self.head_dim)[:, :, 0].transpose(1, 2)  # [B, H, S, D]
+                mask = allowed
+                if last:
+                    # every position's keys and values are cached by now, and only the last position's
+                    # output is read: the last layer's attention, projection and MLP run for it alone
+                    # (a single last query sees every slot up to its own: no mask where causal)
+                    q, x = q[:, :, -1:], x[:, -1:]
+                    mask = None if causal else allowed[:, :, -1:]
+                a = F.scaled_dot_product_attention(q, keys[:, :, :T], values[:, :, :T], attn_mask=mask)
+                a = a.transpose(1, 2).reshape(B, q.shape[2], self.n_embd)  # [B, S or 1, C]
+            y = F.linear(a, self.proj_w[i], self.proj_b[i])
             x, h = ops.add_layer_norm(x, y, self.ln2_w[i], self.ln2_b[i], self.eps)
             y = F.linear(ops.linear_gelu(h, self.fc_w[i], self.fc_b[i]), self.fc2_w[i], self.fc2_b[i])
         _, x = ops.add_layer_norm(x, y, self.lnf_w, self.lnf_b, self.eps)

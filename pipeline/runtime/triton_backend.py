@@ -29,8 +29,8 @@ class TritonBackend(StaticCacheBackend):
     # linear loads them (decode graph on an H200: 252 -> 236 us at batch 1, 510 -> 500 us at batch 64),
     # and the tiles can normalise after the product (fused_linear's ln)
     fold_layer_norms = True
-    # the prefill's layer norms take the residual adds, GELU goes into cuBLASLt's epilogue, keys and
-    # values into the cache in one launch (prefill_kernels)
+    # the prefill's layer norms take the residual adds (the first the embedding), GELU goes into
+    # cuBLASLt's epilogue, causal attention writes the cache as it reads the keys (prefill_kernels)
     prefill_ops = TritonOps
 
     def __init__(self, model, precision: str = "fp16", device="cuda", cuda_graphs: bool | None = None):
