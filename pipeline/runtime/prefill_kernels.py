@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from pipeline.runtime.static_gpt2 import TorchOps
-from pipeline.runtime.triton_kernels import normalized_rows
+from pipeline.runtime.triton_kernels import dot_precision, normalized_rows
 
 # the causal attention's tiles: queries (and keys) a program takes at a time, warps, pipeline depth.
 # Timed in a graph of 11 launches on an H200 (128-token prompts): 28.9 us a layer at batch 64 and 3.8
@@ -145,8 +145,7 @@ class TritonOps(TorchOps):
         batch, seq = ids.shape
         c = wte.shape[-1]
         x, h = (torch.empty(batch, seq, c, dtype=wte.dtype, device=wte.device) for _ in range(2))
-        launch_layer_norm(batch * seq, c, wte, wpe, weight, bias, h, x, eps, ids, positions, positions.stride(0), seq,
-                          ADD=True, EMBED=True)
+        launch_layer_norm(batch * seq, c, wte, wpe, weight, bias, h, x, eps, ids, positions, ADD=True, EMBED=True)
         return x, h
 
     @staticmethod
@@ -176,17 +175,19 @@ class TritonOps(TorchOps):
         block = max(16, min(ATTENTION_BLOCK, triton.next_power_of_2(seq)))  # tl.dot takes 16 rows or more
         _causal_attention_kernel[(batch, heads, triton.cdiv(seq, block))](
             qkv, keys, values, out, seq, math.log2(math.e) / math.sqrt(head_dim), keys.stride(0), keys.stride(1),
-            C=width // 3, D=head_dim, BLOCK=block, DOT_PRECISION="ieee" if qkv.dtype == torch.float32 else "tf32",
+            C=width // 3, D=head_dim, BLOCK=block, DOT_PRECISION=dot_precision(qkv.dtype),
             num_warps=ATTENTION_WARPS, num_stages=ATTENTION_STAGES)
         return out
 
 
 def launch_layer_norm(rows: int, c: int, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                       h: torch.Tensor, sums: torch.Tensor, eps: float, ids: torch.Tensor | None = None,
-                      positions: torch.Tensor | None = None, positions_stride: int = 0, seq: int = 1, **flags) -> None:
-    """_add_layer_norm_kernel over rows rows of width c (flags: ADD, EMBED)."""
+                      positions: torch.Tensor | None = None, **flags) -> None:
+    """_add_layer_norm_kernel over rows rows of width c (flags: ADD, EMBED; EMBED reads ids and
+    positions, [B, S] each)."""
     block_c = triton.next_power_of_2(c)
     per_program = max(1, min(16, 4096 // block_c))  # a few rows per program: fewer, fuller programs
+    positions_stride, seq = (positions.stride(0), positions.shape[1]) if positions is not None else (0, 1)
     _add_layer_norm_kernel[(triton.cdiv(rows, per_program),)](
         x, y, weight, bias, h, sums, ids, positions, rows, x.stride(0), y.stride(0), positions_stride, seq, eps, C=c,
         BLOCK_C=block_c, ROWS=per_program, num_warps=4, **flags)

@@ -389,6 +389,12 @@ def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
     return LinearConfig(16, 32, block_k, warps=4) if small else LinearConfig(16, 128, block_k, warps=4, stages=4)
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input_precision for operands of this dtype: fp32 stays exact (its 1e-5 budget) rather
+    than taking TF32; fp16 and bf16 ignore it."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bias: torch.Tensor | None = None,
                  ln: tuple[torch.Tensor, float] | None = None, gelu: bool = False,
                  residual: bool = False, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
@@ -433,7 +439,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
         m, n, eps, K=k, C=c, D=head_dim,
         LN=ln is not None, BIAS=bias is not None, GELU=gelu, RESIDUAL=residual,
         QKV=qkv is not None,
-        DOT_PRECISION="ieee" if w.dtype == torch.float32 else "tf32",  # fp32 stays exact (its 1e-5 budget)
+        DOT_PRECISION=dot_precision(w.dtype),
         best_ptr=best, best_index_ptr=best_index, ARGMAX=argmax is not None, STORE=out is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
         REF_COLS=min(64, 1 << (k.bit_length() - 1)),  # a power of two, at most K
