@@ -158,9 +158,10 @@ class StaticCacheBackend:
         # a prompt without padding takes attention without a mask (StaticGPT2's causal). Unless the
         # caller says (Generator does), telling costs a wait for the device, as Hugging Face's SDPA
         # attention pays for the same check: 30-60 us of the time to first token on an H200's host
-        if start == 0 and seq > 1 and padded is None:
+        first_prefill = start == 0 and seq > 1  # a decode step (seq 1) always takes the mask
+        if first_prefill and padded is None:
             padded = not bool(attention_mask.all())
-        causal = start == 0 and seq > 1 and not padded
+        causal = first_prefill and not padded
         # a causal prefill reads no slot marks: they go in after its launch, where on a GPU they cost
         # the first token nothing (each launch before it does: PrefillGraph's docstring)
         if not causal:
