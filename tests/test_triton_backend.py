@@ -189,20 +189,27 @@ def test_greedy_advance_takes_the_first_largest_column_and_moves_the_inputs_on(b
 
 @pytest.mark.parametrize("last_only", [False, True])
 def test_prefill_ops_match_pytorch(last_only):
-    """The prefill's fused residual add + layer norm (in place, also on the last position of each row)
-    and its one-launch cache write give what TorchOps' PyTorch ops give."""
+    """The prefill's layer norm (with and without biases the stream owes) and its residual product
+    in place (with and without its bias), also on the last position of each row, and its one-launch
+    cache write give what TorchOps' PyTorch ops give."""
     from pipeline.runtime.prefill_kernels import TritonOps
     from pipeline.runtime.static_gpt2 import TorchOps
     torch.manual_seed(3)
-    x, y = torch.randn(2, 5, 48).half() * 4 + 2, torch.randn(2, 5, 48).half()
+    x, a = torch.randn(2, 5, 48).half() * 4 + 2, torch.randn(2, 5, 32).half()
     weight, bias = torch.rand(48) + 0.5, torch.randn(48)
+    w, b, owed = torch.randn(48, 32).half() / 4, torch.randn(48).half(), torch.randn(48) * 3
     if last_only:
-        x, y = x[:, -1:], y[:, -1:]
-    for add in (None, y):
-        expected = TorchOps.add_layer_norm(x.float(), None if add is None else add.float(), weight, bias, 1e-5)
-        fused = TritonOps.add_layer_norm(x.clone(), add, weight.half(), bias.half(), 1e-5)
-        for got, want in zip(fused, expected):
-            torch.testing.assert_close(got.float(), want, rtol=2e-3, atol=2e-3)
+        x, a = x[:, -1:], a[:, -1:]
+    for debt in (None, owed):
+        expected = TorchOps.layer_norm(x.float(), debt, weight, bias, 1e-5)
+        torch.testing.assert_close(TritonOps.layer_norm(x, debt, weight.half(), bias.half(), 1e-5).float(), expected,
+                                   rtol=2e-3, atol=2e-3)
+    for product_bias in (None, b):
+        expected = TorchOps.add_linear(x.float(), a.float(), w.float(), None if product_bias is None else b.float())
+        stream = x.clone() if not last_only else torch.randn(2, 5, 48).half()[:, -1:].copy_(x)
+        got = TritonOps.add_linear(stream, a, w, product_bias)
+        assert got.data_ptr() == stream.data_ptr()  # in place
+        torch.testing.assert_close(got.float(), expected, rtol=2e-3, atol=2e-3)
     qkv = torch.randn(2, 5, 3 * 32)
     caches = [[torch.zeros(2, 4, 9, 8) for _ in range(2)] for _ in range(2)]
     TorchOps.write_cache(qkv, *caches[0], 3, torch.arange(3, 8))

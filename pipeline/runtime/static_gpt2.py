@@ -21,18 +21,28 @@ class TorchOps:
     """The elementwise work around the products, as PyTorch ops: what torch.compile fuses in the
     decode step, and the prefill of every backend but triton (prefill_kernels.TritonOps)."""
 
+    # whether the residual products' biases are left out of the residual stream and added by each
+    # layer norm instead (StaticGPT2.residual_biases): an ops class whose products add into the
+    # stream in place can then skip writing the stream back in its layer norms
+    defers_residual_biases = False
+
     @staticmethod
-    def add_layer_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """The residual add (y None: none) and the layer norm after it: (x + y, layer_norm(x + y))."""
-        x = x if y is None else x + y
-        return x, F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+    def layer_norm(x: torch.Tensor, owed: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+        """layer_norm(x + owed): owed [C], where given, is what the residual stream x still lacks."""
+        return F.layer_norm(x if owed is None else x + owed, x.shape[-1:], weight, bias, eps)
+
+    @staticmethod
+    def add_linear(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """The residual add of a product: x + a @ w^T (+ b)."""
+        return x + F.linear(a, w, b)
 
     @staticmethod
     def embed_layer_norm(wte: torch.Tensor, wpe: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
                          weight: torch.Tensor, bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """The first layer norm over the embedded input: (x, layer_norm(x)) for x = wte[ids] + wpe[positions]."""
-        return TorchOps.add_layer_norm(wte[ids], wpe[positions], weight, bias, eps)
+        x = wte[ids] + wpe[positions]
+        return x, TorchOps.layer_norm(x, None, weight, bias, eps)
 
     @staticmethod
     def causal_attention(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -110,6 +120,9 @@ class StaticGPT2(torch.nn.Module):
         self.fc2_b = as_param(stack(lambda b: b.mlp.c_proj.bias))
         self.lnf_w, self.lnf_b = map(as_param, lnf)
         self.head_w, self.head_b = map(as_param, head) if fold_layer_norms else (self.wte, None)
+        if prefill_ops.defers_residual_biases:  # [2L + 1, C]: the k-th holds the first k of proj_b, fc2_b, proj_b, ...
+            added = torch.stack([self.proj_b, self.fc2_b], 1).flatten(0, 1).float().cumsum(0)
+            self.register_buffer("residual_biases", F.pad(added, (0, 0, 1, 0)), persistent=False)
 
     def new_cache(self, batch: int, max_len: int) -> list[torch.Tensor]:
         """2L tensors [B, H, T, D] (layer i's keys at 2i, values at 2i + 1), zeroed so unused slots
@@ -145,12 +158,15 @@ class StaticGPT2(torch.nn.Module):
                        | (t[None, :] == slots[:, None])[None])[:, None]
         ops = self.prefill_ops if prefill else TorchOps
         positions = slots.expand(B, S) if causal else position_ids
-        # y: what the next residual add adds to x, so that each add goes with the layer norm after it
-        # (the first, the position embedding's, with the embedding itself)
+        # owed[k]: the residual products' biases that the stream x lacks at the k-th layer norm, where
+        # ops defers them (then each product gets no bias of its own)
+        owed = self.residual_biases if ops.defers_residual_biases else None
+        owed_at = lambda k: None if owed is None else owed[k]  # noqa: E731
+        product_bias = lambda b: b if owed is None else None  # noqa: E731
         x, h = ops.embed_layer_norm(self.wte, self.wpe, input_ids, positions, self.ln1_w[0], self.ln1_b[0], self.eps)
         for i in range(self.n_layer):
             if i:
-                x, h = ops.add_layer_norm(x, y, self.ln1_w[i], self.ln1_b[i], self.eps)
+                h = ops.layer_norm(x, owed_at(2 * i), self.ln1_w[i], self.ln1_b[i], self.eps)
             qkv = F.linear(h, self.qkv_w[i], self.qkv_b[i])  # [B, S, 3C]
             keys, values = cache[2 * i], cache[2 * i + 1]
             last = last_only and i == self.n_layer - 1
@@ -168,8 +184,9 @@ class StaticGPT2(torch.nn.Module):
                     mask = None if causal else allowed[:, :, -1:]
                 a = F.scaled_dot_product_attention(q, keys[:, :, :T], values[:, :, :T], attn_mask=mask)
                 a = a.transpose(1, 2).reshape(B, q.shape[2], self.n_embd)  # [B, S or 1, C]
-            y = F.linear(a, self.proj_w[i], self.proj_b[i])
-            x, h = ops.add_layer_norm(x, y, self.ln2_w[i], self.ln2_b[i], self.eps)
-            y = F.linear(ops.linear_gelu(h, self.fc_w[i], self.fc_b[i]), self.fc2_w[i], self.fc2_b[i])
-        _, x = ops.add_layer_norm(x, y, self.lnf_w, self.lnf_b, self.eps)
-        return F.linear(x, self.head_w, self.head_b)[..., :self.vocab_size]
+            x = ops.add_linear(x, a, self.proj_w[i], product_bias(self.proj_b[i]))
+            h = ops.layer_norm(x, owed_at(2 * i + 1), self.ln2_w[i], self.ln2_b[i], self.eps)
+            x = ops.add_linear(x, ops.linear_gelu(h, self.fc_w[i], self.fc_b[i]), self.fc2_w[i],
+                               product_bias(self.fc2_b[i]))
+        h = ops.layer_norm(x, owed_at(2 * self.n_layer), self.lnf_w, self.lnf_b, self.eps)
+        return F.linear(h, self.head_w, self.head_b)[..., :self.vocab_size]
