@@ -4,11 +4,10 @@ what costs is the traffic around them (on an H200 each layer norm, residual add,
 of PyTorch's reads and writes 12-25 MB). So the residual products add into the stream as they write
 it (cuBLAS's beta), their biases left to the layer norms after them, which then only read the
 stream (StaticGPT2.residual_biases); the first layer norm takes the embedding gathers and their sum
-as well; the fc product applies
-GELU in cuBLASLt's epilogue, and a prompt without padding gets causal attention that reads q, k and
-v from the QKV product's output and writes the keys and values into the cache as it goes (one
-launch where the cache copy and SDPA's flash kernel took two; a padded prompt keeps the cache copy,
-in one launch, and SDPA with a mask).
+as well; the fc product applies GELU in cuBLASLt's epilogue; and a prompt without padding gets
+causal attention that reads q, k and v from the QKV product's output and writes the keys and values
+into the cache as it goes (one launch where the cache copy and SDPA's flash kernel took two; a
+padded prompt keeps the cache copy, in one launch, and SDPA with a mask).
 
 TritonOps overrides the operations of static_gpt2.TorchOps, which the decode step (and every
 backend but this one) uses."""
