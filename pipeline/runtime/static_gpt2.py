@@ -120,7 +120,9 @@ class StaticGPT2(torch.nn.Module):
         self.fc2_b = as_param(stack(lambda b: b.mlp.c_proj.bias))
         self.lnf_w, self.lnf_b = map(as_param, lnf)
         self.head_w, self.head_b = map(as_param, head) if fold_layer_norms else (self.wte, None)
-        if prefill_ops.defers_residual_biases:  # [2L + 1, C]: the k-th holds the first k of proj_b, fc2_b, proj_b, ...
+        # [2L + 1, C]: the k-th holds the first k of proj_b, fc2_b, proj_b, ... summed once here, since
+        # summing them in the forward would put a launch before each layer norm
+        if prefill_ops.defers_residual_biases:
             added = torch.stack([self.proj_b, self.fc2_b], 1).flatten(0, 1).float().cumsum(0)
             self.register_buffer("residual_biases", F.pad(added, (0, 0, 1, 0)), persistent=False)
 
