@@ -21,11 +21,13 @@ import numpy as np
 import torch
 
 from pipeline.artifacts import RunDir, package_versions
+from pipeline.bench_report import write_reports
 from pipeline.config import Config
 from pipeline.data import heldout_blocks, prepare_data
 from pipeline.progress import progress
 from pipeline.runtime.backend import Backend, BackendUnavailable
-from pipeline.runtime.generate import Generator, Prompts
+from pipeline.runtime.batch import Prompts
+from pipeline.runtime.generate import Generator
 from pipeline.runtime.loader import open_backend
 from pipeline.runtime.sampling import Sampling
 from pipeline.tokenizer import load_tokenizer
@@ -75,50 +77,50 @@ def device_memory_mib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def token_times(gen: Generator, prompts: Prompts, s: Sampling, device: torch.device) -> list[float]:
+def token_times(gen: Generator, prompts: Prompts, sampling: Sampling, device: torch.device) -> list[float]:
     """Seconds from the call to each token being ready. On a GPU: a CUDA event after each token,
     read once at the end, so the loop runs as generation does (the host never waits per token)."""
     if device.type != "cuda":  # the host clock: on a CPU it waits for every token anyway
-        return synced_token_times(gen, prompts, s, device)
+        return synced_token_times(gen, prompts, sampling, device)
     start, marks = torch.cuda.Event(enable_timing=True), []
     start.record()
-    for _ in gen.stream(prompts, s):
+    for _ in gen.stream(prompts, sampling):
         marks.append(torch.cuda.Event(enable_timing=True))
         marks[-1].record()
     synchronize(device)
     return [start.elapsed_time(m) / 1e3 for m in marks]
 
 
-def synced_token_times(gen: Generator, prompts: Prompts, s: Sampling, device: torch.device) -> list[float]:
+def synced_token_times(gen: Generator, prompts: Prompts, sampling: Sampling, device: torch.device) -> list[float]:
     """As token_times, but the host waits for every token, as a client reading a stream does."""
     start, stamps = time.perf_counter(), []
-    for _ in gen.stream(prompts, s):
+    for _ in gen.stream(prompts, sampling):
         synchronize(device)
         stamps.append(time.perf_counter() - start)
     return stamps
 
 
-def time_generation(backend: Backend, prompts: Prompts, s: Sampling, repeats: int) -> dict:
+def time_generation(backend: Backend, prompts: Prompts, sampling: Sampling, repeats: int) -> dict:
     gen, device = Generator(backend), backend.device
     e2e, ttft, steps, synced = [], [], [], []
     for _ in range(repeats):
         synchronize(device)
         start = time.perf_counter()
-        for _ in gen.stream(prompts, s):
+        for _ in gen.stream(prompts, sampling):
             pass
         synchronize(device)
         e2e.append(time.perf_counter() - start)
-        marks = token_times(gen, prompts, s, device)
+        marks = token_times(gen, prompts, sampling, device)
         ttft.append(marks[0])
         steps += list(np.diff(marks))
-        synced += list(np.diff(synced_token_times(gen, prompts, s, device))) if device.type == "cuda" else []
+        synced += list(np.diff(synced_token_times(gen, prompts, sampling, device))) if device.type == "cuda" else []
     ms = np.array(steps) * 1e3
     e2e_s = statistics.median(e2e)
     return {"ttft_ms": statistics.median(ttft) * 1e3, "decode_ms_p50": float(np.percentile(ms, 50)),
             "decode_ms_p90": float(np.percentile(ms, 90)), "decode_ms_p99": float(np.percentile(ms, 99)),
             # on a CPU the host clock already waits for every token: the two medians are one
             "decode_ms_p50_synced": float(np.percentile(synced, 50)) * 1e3 if synced else float(np.percentile(ms, 50)),
-            "e2e_ms": e2e_s * 1e3, "tokens_per_s": len(prompts) * s.max_new_tokens / e2e_s}
+            "e2e_ms": e2e_s * 1e3, "tokens_per_s": len(prompts) * sampling.max_new_tokens / e2e_s}
 
 
 def environment(device: torch.device) -> dict:
@@ -146,7 +148,7 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
     tokenizer = load_tokenizer(run.checkpoint)
     splits = prepare_data(cfg, run, tokenizer)
     blocks = heldout_blocks(splits, max(settings.batches), settings.prompt_tokens, "bench batch size", from_end=True)
-    s = Sampling(max_new_tokens=settings.new_tokens)  # greedy, no stop tokens: every row generates new_tokens
+    sampling = Sampling(max_new_tokens=settings.new_tokens)  # greedy, no stop tokens: every row generates new_tokens
     rows: list[Row] = []
     for name, precision in progress(settings.pairs, total=len(settings.pairs), description="bench"):
         gc.collect()
@@ -165,11 +167,11 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
             prompts = blocks[:batch]  # one array, as a tokenizer's batch: no Python ints to convert
             try:
                 start = time.perf_counter()
-                for _ in Generator(backend).stream(prompts, s):
+                for _ in Generator(backend).stream(prompts, sampling):
                     pass
                 synchronize(device)
                 warmup_s = time.perf_counter() - start
-                timed = time_generation(backend, prompts, s, settings.repeats)
+                timed = time_generation(backend, prompts, sampling, settings.repeats)
             except Exception as e:  # one row failing (out of memory, a profile too small) keeps the others
                 rows.append(Row(name, precision, batch, "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
                 continue
@@ -177,8 +179,10 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
                             peak_memory_mib=device_memory_mib(device), **timed))
         del backend
     add_speedups(rows, device)
-    return {"settings": {**asdict(settings), "pairs": [list(p) for p in settings.pairs]},
-            "environment": environment(device), "rows": [asdict(r) for r in rows]}
+    result = {"settings": {**asdict(settings), "pairs": [list(p) for p in settings.pairs]},
+              "environment": environment(device), "rows": [asdict(r) for r in rows]}
+    write_reports(result, run)
+    return result
 
 
 def add_speedups(rows: list[Row], device: torch.device) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.artifacts import atomic_write_json, atomic_write_text
 from pipeline.errors import UserError
+from pipeline.progress import console
 
 REGRESSION = 0.10  # a row 10% slower than before is flagged
 
@@ -100,3 +102,19 @@ def compare(new: dict, old: dict) -> list[dict]:
                         "tokens_per_s_change": throughput, "p50_change": r["decode_ms_p50"] / o["decode_ms_p50"] - 1,
                         "regression": throughput < -REGRESSION})
     return changes
+
+
+def write_reports(result: dict, run) -> None:
+    """bench.json, bench.md and bench.png into the run's reports, and the table on the console."""
+    atomic_write_json(run.reports / "bench.json", result)
+    atomic_write_text(run.reports / "bench.md", markdown(result))
+    plot(result, run.reports / "bench.png")
+    console.print(markdown(result), highlight=False, markup=False)
+    console.print(f"bench: {run.reports / 'bench.json'}, bench.md, bench.png")
+
+
+def print_comparison(new: dict, old: dict) -> None:
+    for c in compare(new, old):
+        flag = "  [red]REGRESSION[/]" if c["regression"] else ""
+        console.print(f"  {c['backend']} {c['precision']} b{c['batch']}: tokens/s {100 * c['tokens_per_s_change']:+.1f}%, "
+                      f"p50 {100 * c['p50_change']:+.1f}%{flag}")

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import functools
-import itertools
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from pipeline.artifacts import ARTIFACTS_ROOT, RunDir, atomic_write_json
+from pipeline.artifacts import ARTIFACTS_ROOT, RunDir
 from pipeline.config import PRESETS, Config, load_config, validate_config
 from pipeline.errors import Interrupted, UserError
+from pipeline.precisions import PRECISIONS
 from pipeline.progress import console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -29,10 +27,12 @@ RunName = Annotated[Optional[str], typer.Option("--run", help="Run folder name u
 Artifacts = Annotated[Path, typer.Option("--artifacts", help="Folder that holds the run folders.")]
 Force = Annotated[bool, typer.Option("--force", help="Redo the stage even if its outputs are up to date.")]
 Device = Annotated[str, typer.Option(help="auto (cuda if visible), cpu, cuda or cuda:N.")]
-BackendName = Annotated[str, typer.Option("--backend", help="torch, torch-compiled, triton, ort or trt.")]
-BackendFilter = Annotated[Optional[list[str]], typer.Option("--backend", help="Only these backends (repeatable).")]
-PrecisionFilter = Annotated[Optional[list[str]], typer.Option("--precision", help="Only these precisions (repeatable).")]
-PrecisionName = Annotated[str, typer.Option("--precision", help="fp32, fp16, int8 or int8-wo.")]
+# the backend names, as loader.BACKENDS has them: written out so that --help needs no torch import
+BACKEND_NAMES = "torch, torch-compiled, triton, ort, trt"
+BackendName = Annotated[str, typer.Option("--backend", help=f"One of {BACKEND_NAMES}.")]
+BackendFilter = Annotated[Optional[list[str]], typer.Option("--backend", help=f"Only these backends (repeatable): {BACKEND_NAMES}.")]
+PrecisionFilter = Annotated[Optional[list[str]], typer.Option("--precision", help=f"Only these precisions (repeatable): {', '.join(PRECISIONS)}.")]
+PrecisionName = Annotated[str, typer.Option("--precision", help=f"One of {', '.join(PRECISIONS)}.")]
 
 
 @app.callback()
@@ -119,15 +119,13 @@ def build_engine(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets 
     build_engines(cfg, rundir, precision, flavour, targets, log_level, force)
 
 
-
-
 def _device(spec: str):
     from pipeline.model import resolve_device
     return resolve_device(spec, "--device")
 
 
 def _pairs(matrix: list[tuple[str, str]], backend: Optional[list[str]], precision: Optional[list[str]]):
-    from pipeline.runtime.backend import BACKENDS, PRECISIONS
+    from pipeline.runtime.loader import BACKENDS
 
     for option, given, known in (("--backend", backend, BACKENDS), ("--precision", precision, PRECISIONS)):
         for name in given or []:
@@ -148,37 +146,10 @@ def validate_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets 
                  polygraphy: Annotated[bool, typer.Option(help="Also compare the ONNX graphs with Polygraphy.")] = False) -> None:
     """Compare every backend and precision with PyTorch fp32; exit 1 when one exceeds its budget."""
     from pipeline.runtime.loader import default_matrix
-    from pipeline.validate import failed, validate
+    from pipeline.validate import report, validate
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
-    result = validate(cfg, rundir, _device(device), _pairs(default_matrix(), backend, precision), polygraphy)
-    console.print(validate_table(result))
-    for r in result["rows"] + result.get("polygraphy", []):
-        why = "; ".join(r.get("failures", [])) or r.get("reason") or (r.get("detail") if r["status"] != "pass" else "")
-        if why:
-            console.print(f"  {r.get('backend', 'polygraphy')} {r['precision']} {r['status']}: {why}", highlight=False, markup=False)
-    bad = failed(result)
-    if bad:
-        raise UserError(f"validate: {len(bad)} row(s) exceed their accuracy budget (see the table; "
-                        f"{rundir.reports / 'validate.json'})")
-
-
-def validate_table(result: dict) -> Table:
-    table = Table(title=f"validate vs torch fp32 on {result['device']} (reference perplexity "
-                        f"{result['reference']['perplexity']:.2f})")
-    for col in ("backend", "precision", "status", "rel err", "decode err", "max abs", "top-1", "top-1 clear",
-                "greedy same", "first diverge", "ppl change"):
-        table.add_column(col, justify="left" if col in ("backend", "precision", "status") else "right")
-    colour = {"pass": "green", "fail": "red", "skipped": "yellow"}
-    for r in result["rows"]:
-        m = r["metrics"]
-        cells = [f"{m['rel_error']:.2e}", f"{m['decode_rel_error']:.2e}", f"{m['max_abs']:.3g}", f"{m['top1']:.3f}",
-                 f"{m['top1_clear']:.3f}", f"{m['identical_tokens']:.3f}", f"{m['mean_first_divergence']:.1f}",
-                 f"{100 * m['perplexity_change']:+.2f}%"] if m else [""] * 8
-        table.add_row(r["backend"], r["precision"], f"[{colour[r['status']]}]{r['status']}[/]", *cells)
-    for p in result.get("polygraphy", []):
-        table.add_row("polygraphy", p["precision"], f"[{colour[p['status']]}]{p['status']}[/]", *[""] * 8)
-    return table
+    report(validate(cfg, rundir, _device(device), _pairs(default_matrix(), backend, precision), polygraphy), rundir)
 
 
 @app.command("bench")
@@ -193,8 +164,7 @@ def bench_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = N
               compare: Annotated[Optional[Path], typer.Option(help="An earlier bench.json: print the change.")] = None) -> None:
     """Benchmark latency and throughput of every backend x precision x batch through the runtime."""
     from pipeline.bench import BenchSettings, bench
-    from pipeline.bench_report import compare as compare_runs, read_bench
-    from pipeline.bench_report import markdown, plot
+    from pipeline.bench_report import print_comparison, read_bench
     from pipeline.runtime.loader import bench_matrix
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
@@ -207,17 +177,8 @@ def bench_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = N
     old = read_bench(compare) if compare is not None else None
     settings = BenchSettings(batches, prompt_tokens, new_tokens, repeats, _pairs(bench_matrix(), backend, precision))
     result = bench(cfg, rundir, _device(device), settings)
-    atomic_write_json(rundir.reports / "bench.json", result)
-    from pipeline.artifacts import atomic_write_text
-    atomic_write_text(rundir.reports / "bench.md", markdown(result))
-    plot(result, rundir.reports / "bench.png")
-    console.print(markdown(result), highlight=False, markup=False)
-    console.print(f"bench: {rundir.reports / 'bench.json'}, bench.md, bench.png")
     if old is not None:
-        for c in compare_runs(result, old):
-            flag = "  [red]REGRESSION[/]" if c["regression"] else ""
-            console.print(f"  {c['backend']} {c['precision']} b{c['batch']}: tokens/s {100 * c['tokens_per_s_change']:+.1f}%, "
-                          f"p50 {100 * c['p50_change']:+.1f}%{flag}")
+        print_comparison(result, old)
 
 
 @app.command()
@@ -234,37 +195,14 @@ def generate(prompt: Annotated[list[str], typer.Argument(help="One or more promp
              sample: Annotated[bool, typer.Option(help="Sample instead of greedy decoding.")] = False,
              seed: Annotated[Optional[int], typer.Option(help="Seed for reproducible sampling.")] = None) -> None:
     """Generate text from prompts through any backend, streaming the first prompt's tokens."""
-    from pipeline.runtime.backend import BackendUnavailable
-    from pipeline.runtime.generate import Generator
-    from pipeline.runtime.loader import open_backend
     from pipeline.runtime.sampling import Sampling
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.runtime.session import open_session, print_generation
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
-    tokenizer = load_tokenizer(rundir.checkpoint)
-    try:
-        engine = open_backend(rundir, backend, precision, _device(device))
-    except BackendUnavailable as e:
-        raise UserError(f"--backend {backend} --precision {precision}: {e}") from None
-    s = Sampling(max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                 repetition_penalty=repetition_penalty, seed=seed, stop_tokens=(tokenizer.eos_token_id,))
-    prompts = [tokenizer(p)["input_ids"] for p in prompt]
-    rows: list[list[int]] = [[] for _ in prompts]
-    text = lambda row: tokenizer.decode([t for t in row if t != tokenizer.eos_token_id])  # noqa: E731
-    shown = ""
-    steps = Generator(engine, tokenizer.eos_token_id).stream(prompts, s)
-    first = next(steps)  # a bad request (an empty or too long prompt) fails here, before any output
-    print(prompt[0], end="", flush=True)
-    for step in itertools.chain([first], steps):
-        for row, token in zip(rows, step.tolist()):
-            row.append(token)
-        # decode the whole row: one token can hold half of a multi-byte character
-        now = text(rows[0])
-        print(now[len(shown):], end="", flush=True)
-        shown = now
-    print()
-    for p, row in zip(prompt[1:], rows[1:]):
-        print(p + text(row))
+    session = open_session(rundir, backend, precision, _device(device))
+    print_generation(session, prompt, Sampling(max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature,
+                                               top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
+                                               stop_tokens=(session.eos,)))
 
 
 @app.command()
@@ -278,13 +216,15 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
     try:
         import uvicorn
 
-        from serve.app import create_app, load_engine
+        from serve.app import create_app
     except ImportError as e:
         raise UserError(f"serving needs the [serve] extra ({e.name} is missing): pip install 'gpt2-deploy[serve]'") from None
+    from pipeline.runtime.session import open_session
+
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
-    engine = load_engine(rundir, backend, precision, _device(device))
+    session = open_session(rundir, backend, precision, _device(device))
     console.print(f"serve: {backend} {precision} from {rundir.root} on http://{host}:{port}", markup=False)
-    uvicorn.run(create_app(engine), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(session), host=host, port=port, log_level="warning")
 
 
 @app.command()
@@ -307,40 +247,19 @@ def train_bench(preset: Preset = "gpt2", config: ConfigFile = None, sets: Sets =
                 "fp32,amp-bf16,amp-bf16+ckpt,amp-bf16+compile,amp-bf16+ckpt+compile",
                 steps: Annotated[int, typer.Option(min=1, help="Timed steps per setting.")] = 10) -> None:
     """Benchmark training throughput, memory and MFU per setting on the GPU."""
+    from pipeline.train_bench import report
     from pipeline.train_bench import train_bench as run_bench
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
-    result = run_bench(cfg, [s for s in settings.split(",") if s], steps=steps)
-    atomic_write_json(rundir.reports / "train_bench.json", result)
-    table = Table(title=f"training step, {result['gpu']}, batch {result['batch_size']} x {result['block_size']} tokens")
-    for col in ("setting", "tokens/s", "step ms", "peak GiB", "MFU (datasheet)", "MFU (measured matmul)", "warm-up s"):
-        table.add_column(col, justify="left" if col == "setting" else "right")
-    for r in result["rows"]:
-        if "error" in r:
-            table.add_row(r["setting"], r["error"], *[""] * 5)
-            continue
-        pct = lambda v: f"{100 * v:.1f}%" if v is not None else "n/a"  # noqa: E731
-        table.add_row(r["setting"], f"{r['tokens_per_s']:,.0f}", f"{r['step_ms']:.1f}", f"{r['peak_memory_gib']:.2f}",
-                      pct(r["mfu_datasheet"]), pct(r["mfu_measured_matmul"]), f"{r['warmup_s']:.1f}")
-    console.print(table)
+    report(run_bench(cfg, [s for s in settings.split(",") if s], steps=steps), rundir)
 
 
 @app.command()
 def doctor(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
     """Report what is installed and usable: torch/CUDA/GPU, ONNX Runtime, TensorRT flavours, ModelOpt."""
-    from pipeline.doctor import run_checks
+    from pipeline.doctor import report, run_checks
 
-    findings = run_checks()
-    if as_json:
-        print(json.dumps([f.__dict__ for f in findings], indent=2))
-        return
-    table = Table(title="gpt2-deploy doctor")
-    for col in ("component", "status", "detail"):
-        table.add_column(col)
-    colour = {"ok": "green", "missing": "yellow", "unusable": "red"}
-    for f in findings:
-        table.add_row(f.component, f"[{colour[f.status]}]{f.status}[/]", escape(f.detail))
-    console.print(table)
+    report(run_checks(), as_json)
 
 
 if __name__ == "__main__":

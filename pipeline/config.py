@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
+import tomllib
+
 from pipeline.errors import UserError
+from pipeline.precisions import PRECISIONS, Budget
 
 GPT2_VOCAB_SIZE = 50257  # GPT-2's byte-level BPE; the embedded tokenizer has exactly this many
 
@@ -64,7 +66,7 @@ class TrainConfig:
 @dataclass
 class ExportConfig:
     opset: int = 18
-    precisions: list[str] = field(default_factory=lambda: ["fp32", "fp16", "int8", "int8-wo"])
+    precisions: list[str] = field(default_factory=lambda: list(PRECISIONS))
     parity_prompts: int = 4  # held-out prompts run through ONNX Runtime after each export
     parity_tokens: int = 8  # greedy tokens compared in the post-export parity check
 
@@ -84,20 +86,8 @@ class EngineConfig:
     workspace_gib: float = 16.0  # tactic scratch space; 4 GiB made the 124M build run out on an H200
 
 
-@dataclass
-class Budget:
-    """How far a precision may drift from PyTorch fp32 before validate (and export's check) fails."""
-    max_rel_error: float  # ||logits - ref|| / ||ref||
-    min_top1_clear: float  # top-1 agreement where the reference's top-1 is clear
-    min_greedy_identical: float  # share of identical greedy tokens
-    max_perplexity_change: float  # |held-out perplexity / reference perplexity - 1|
-
-
 def _default_budgets() -> dict[str, Budget]:
-    # Set from measurement on the fine-tuned default model, with head-room of 4x or more over
-    # what a sound conversion shows (README, "Accuracy budgets").
-    return {"fp32": Budget(1e-5, 1.0, 1.0, 1e-4), "fp16": Budget(5e-3, 0.99, 0.9, 5e-3),
-            "int8": Budget(0.05, 0.95, 0.75, 0.02), "int8-wo": Budget(0.01, 0.98, 0.9, 0.01)}
+    return {name: dataclasses.replace(p.budget) for name, p in PRECISIONS.items()}
 
 
 @dataclass
@@ -150,7 +140,6 @@ CHOICES = {
     ("train", "schedule"): ("cosine", "linear", "constant"),
     ("train", "precision"): ("auto", "fp32", "bf16", "fp16"),
 }
-EXPORT_PRECISIONS = ("fp32", "fp16", "int8", "int8-wo")
 
 
 def _merge_into(obj: Any, values: dict[str, Any], where: str) -> None:
@@ -264,8 +253,8 @@ def validate_config(cfg: Config) -> None:
         (t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
          f"train.device {t.device!r}: use auto, cpu, cuda or cuda:N"),
         (e.opset >= 18, "export.opset must be 18 or newer (the dynamo exporter's minimum)"),
-        (bool(e.precisions) and all(p in EXPORT_PRECISIONS for p in e.precisions),
-         f"export.precisions {e.precisions}: choose from {', '.join(EXPORT_PRECISIONS)}"),
+        (bool(e.precisions) and all(p in PRECISIONS for p in e.precisions),
+         f"export.precisions {e.precisions}: choose from {', '.join(PRECISIONS)}"),
         (e.parity_prompts >= 1 and e.parity_tokens >= 1, "export.parity_prompts and parity_tokens must be at least 1"),
         (v.prompts >= 1 and v.new_tokens >= 1 and v.perplexity_blocks >= 1,
          "validate.prompts, new_tokens and perplexity_blocks must be at least 1"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
 from dataclasses import dataclass
 
 
@@ -76,3 +77,20 @@ def run_checks() -> list[Finding]:
     findings += check_tensorrt()
     findings.append(check_simple("fastapi", "fastapi", "fastapi", "serving needs it: pip install 'gpt2-deploy[serve]'"))
     return findings
+
+
+def report(findings: list[Finding], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([f.__dict__ for f in findings], indent=2))
+        return
+    from rich.markup import escape
+    from rich.table import Table
+
+    from pipeline.progress import console
+    table = Table(title="gpt2-deploy doctor")
+    for col in ("component", "status", "detail"):
+        table.add_column(col)
+    colour = {"ok": "green", "missing": "yellow", "unusable": "red"}
+    for f in findings:
+        table.add_row(f.component, f"[{colour[f.status]}]{f.status}[/]", escape(f.detail))
+    console.print(table)

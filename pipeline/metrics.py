@@ -1,5 +1,5 @@
-"""Accuracy metrics of a candidate against a reference, shared by export's parity check and the
-validate stage."""
+"""Accuracy of a candidate backend against a reference on the same inputs: the comparison code that
+export's parity check and the validate stage share (measure, agreement, budget_failures)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from pipeline.config import Budget
+from pipeline.precisions import Budget
 from pipeline.runtime.backend import Backend
-from pipeline.runtime.generate import Generator, left_pad
+from pipeline.runtime.batch import left_pad
+from pipeline.runtime.generate import Generator
+from pipeline.runtime.loader import open_graph
+from pipeline.runtime.portable.torch_eager import TorchEagerBackend
 from pipeline.runtime.sampling import Sampling
 
 CLEAR_MARGIN = 0.5  # logits; a reference top-1 that leads its runner-up by this much is "clear"
@@ -60,19 +63,18 @@ def measure(backend: Backend, prompts: list[list[int]], new_tokens: int, blocks:
     out at once: a backend may hand back a buffer its next call rewrites."""
     device = backend.device
     batch = left_pad(prompts, 0, device)
-    rows, width = batch.input_ids.shape
+    rows, width = batch.host_ids.shape
     backend.reset(rows, width + 1)
-    logits = backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids).to("cpu", copy=True)
-    step_mask = torch.cat([batch.attention_mask, torch.ones(rows, 1, dtype=torch.long, device=device)], 1)
+    logits = backend.prefill(batch, last_only=False).to("cpu", copy=True)
     probe = torch.full((rows, 1), PROBE_TOKEN, dtype=torch.long, device=device)
-    step_logits = backend.forward(probe, step_mask, batch.position_ids[:, -1:] + 1).to("cpu", copy=True)
+    step_logits = backend.decode(probe, batch.position_ids[:, -1:] + 1)[:, None].to("cpu", copy=True)
     found = {"logits": logits, "step_logits": step_logits, "mask": batch.attention_mask.cpu(),
              "tokens": Generator(backend).generate(prompts, Sampling(max_new_tokens=new_tokens))}
     if blocks is not None:
-        blocks = blocks.to(device)
         n, length = blocks.shape
         backend.reset(n, length)
-        block_logits = backend.forward(blocks, torch.ones_like(blocks), torch.arange(length, device=device).expand(n, length))
+        blocks = blocks.to(device)
+        block_logits = backend.prefill(left_pad(blocks.cpu().numpy(), 0, device), last_only=False)
         found["perplexity"] = math.exp(F.cross_entropy(block_logits[:, :-1].flatten(0, 1).float(), blocks[:, 1:].flatten()).item())
     return found
 
@@ -102,3 +104,17 @@ def budget_failures(metrics: dict, budget: Budget) -> list[str]:
         failures.append(f"perplexity change {100 * metrics['perplexity_change']:+.2f}% beyond "
                         f"±{100 * budget.max_perplexity_change:.2f}%")
     return failures
+
+
+def check(candidate: Backend, reference: dict, prompts: list[list[int]], new_tokens: int, budget: Budget,
+          blocks: torch.Tensor | None = None) -> tuple[dict, list[str]]:
+    """The candidate measured on the reference's inputs: its metrics and every way they exceed the budget."""
+    metrics = agreement(measure(candidate, prompts, new_tokens, blocks), reference)
+    return metrics, budget_failures(metrics, budget)
+
+
+def graph_parity(onnx_path, precision: str, model, prompts: list[list[int]], new_tokens: int,
+                 budget: Budget) -> tuple[dict, list[str]]:
+    """export's check of a graph before it lands: ONNX Runtime on the CPU against PyTorch fp32."""
+    reference = measure(TorchEagerBackend(model, "fp32"), prompts, new_tokens)
+    return check(open_graph(onnx_path, model.config, precision, torch.device("cpu")), reference, prompts, new_tokens, budget)

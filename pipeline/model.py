@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -69,3 +70,8 @@ def require_checkpoint(folder: Path, file: str = "config.json") -> Path:
 def load_checkpoint(folder: Path) -> GPT2LMHeadModel:
     require_checkpoint(folder)
     return load_gpt2(folder, what="checkpoint").eval()
+
+
+def cache_keyword(model: GPT2LMHeadModel) -> str:
+    """`cache` from transformers 5.24, `past_key_values` before it."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

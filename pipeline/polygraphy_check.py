@@ -17,10 +17,8 @@ import numpy as np
 from pipeline.artifacts import RunDir
 from pipeline.config import Config
 from pipeline.data import Splits, heldout_blocks
+from pipeline.precisions import PRECISIONS
 
-# (atol, rtol) on the median error of each output: generous enough for the precision's rounding,
-# tight enough that a broken graph fails
-TOLERANCES = {"fp16": (1e-2, 1e-2), "int8": (0.15, 0.1), "int8-wo": (5e-2, 5e-2)}
 SAMPLES = 2
 # its console script's entry point, so a target-installed polygraphy works without bin/ on PATH
 POLYGRAPHY = [sys.executable, "-c", "import sys; from polygraphy.tools._main import main; sys.exit(main())"]
@@ -34,7 +32,7 @@ def _save_inputs(path: Path, feeds: dict[str, np.ndarray]) -> None:
 
 
 def polygraphy_compare(run: RunDir, model, splits: Splits, cfg: Config) -> list[dict]:
-    from pipeline.export.stage import calibration_feeds
+    from pipeline.export.calibration import calibration_feeds
 
     if importlib.util.find_spec("polygraphy") is None:
         return [{"precision": "all", "status": "skipped", "detail": "polygraphy is not installed: pip install 'gpt2-deploy[quant]'"}]
@@ -48,7 +46,8 @@ def polygraphy_compare(run: RunDir, model, splits: Splits, cfg: Config) -> list[
         ref = _polygraphy(run.onnx("fp32") / "model.onnx", tmp / "in32.json", ["--save-outputs", str(tmp / "ref.json")])
         if ref.returncode != 0:
             return [{"precision": "fp32", "status": "fail", "detail": _last_line(ref)}]
-        for precision, (atol, rtol) in TOLERANCES.items():
+        for precision, (atol, rtol) in ((p.name, p.polygraphy_tolerance) for p in PRECISIONS.values()
+                                        if p.polygraphy_tolerance):
             path = run.onnx(precision) / "model.onnx"
             if not path.exists():
                 results.append({"precision": precision, "status": "skipped", "detail": f"no onnx/{precision} graph"})

@@ -11,7 +11,9 @@ import statistics
 import time
 
 import torch
+from rich.table import Table
 
+from pipeline.artifacts import atomic_write_json
 from pipeline.config import Config
 from pipeline.errors import UserError
 from pipeline.model import new_model, resolve_device
@@ -101,3 +103,19 @@ def train_bench(cfg: Config, settings: list[str], warmup: int = 3, steps: int = 
     return {"gpu": gpu, "torch": torch.__version__, "batch_size": cfg.train.batch_size, "block_size": cfg.data.block_size,
             "datasheet_bf16_tflops": peak / 1e12 if peak else None, "measured_bf16_matmul_tflops": measured / 1e12,
             "warmup_steps": warmup, "timed_steps": steps, "rows": rows}
+
+
+def report(result: dict, run) -> None:
+    """train_bench.json into the run's reports, and the table on the console."""
+    atomic_write_json(run.reports / "train_bench.json", result)
+    table = Table(title=f"training step, {result['gpu']}, batch {result['batch_size']} x {result['block_size']} tokens")
+    for col in ("setting", "tokens/s", "step ms", "peak GiB", "MFU (datasheet)", "MFU (measured matmul)", "warm-up s"):
+        table.add_column(col, justify="left" if col == "setting" else "right")
+    pct = lambda v: f"{100 * v:.1f}%" if v is not None else "n/a"  # noqa: E731
+    for r in result["rows"]:
+        if "error" in r:
+            table.add_row(r["setting"], r["error"], *[""] * 5)
+            continue
+        table.add_row(r["setting"], f"{r['tokens_per_s']:,.0f}", f"{r['step_ms']:.1f}", f"{r['peak_memory_gib']:.2f}",
+                      pct(r["mfu_datasheet"]), pct(r["mfu_measured_matmul"]), f"{r['warmup_s']:.1f}")
+    console.print(table)

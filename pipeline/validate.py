@@ -7,23 +7,22 @@ when a row exceeds it. Rows that cannot run here are listed as skipped, with the
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from rich.table import Table
 
 from pipeline.artifacts import RunDir, atomic_write_json, sha256_file
 from pipeline.config import Config
 from pipeline.data import heldout_blocks, prepare_data
 from pipeline.engines.metadata import EngineMeta, plans_for
 from pipeline.errors import UserError
-from pipeline.metrics import agreement, budget_failures, measure
+from pipeline.metrics import check, measure
 from pipeline.model import load_checkpoint
-from pipeline.progress import progress
+from pipeline.progress import console, progress
 from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.loader import default_matrix, open_backend
-from pipeline.runtime.torch_eager import TorchEagerBackend
 from pipeline.tokenizer import load_tokenizer
 
 
@@ -72,7 +71,7 @@ def validate(cfg: Config, run: RunDir, device: torch.device, pairs: list[tuple[s
     # prompts of decreasing length, so every batch exercises left padding
     prompts = [row[: max(1, v.prompt_tokens - 3 * i)].tolist() for i, row in enumerate(prompt_blocks)]
     blocks = torch.from_numpy(np.ascontiguousarray(ppl_blocks))
-    reference = measure(TorchEagerBackend(model, "fp32", device), prompts, v.new_tokens, blocks)
+    reference = measure(open_backend(run, "torch", "fp32", device, model), prompts, v.new_tokens, blocks)
     rows = []
     for name, precision in progress(pairs or default_matrix(), total=len(pairs or default_matrix()), description="validate"):
         if name in ("ort", "trt"):
@@ -82,8 +81,7 @@ def validate(cfg: Config, run: RunDir, device: torch.device, pairs: list[tuple[s
         except BackendUnavailable as e:
             rows.append(Row(name, precision, "skipped", str(e)))
             continue
-        metrics = agreement(measure(backend, prompts, v.new_tokens, blocks), reference)
-        failures = budget_failures(metrics, v.budgets[precision])
+        metrics, failures = check(backend, reference, prompts, v.new_tokens, v.budgets[precision], blocks)
         rows.append(Row(name, precision, "fail" if failures else "pass", metrics=metrics, failures=failures))
         del backend
     result = {"device": str(device), "reference": {"backend": "torch", "precision": "fp32",
@@ -105,5 +103,34 @@ def failed(result: dict) -> list[dict]:
     return bad
 
 
-def load_result(run: RunDir) -> dict:
-    return json.loads((run.reports / "validate.json").read_text(encoding="utf-8"))
+
+
+def table(result: dict) -> Table:
+    table = Table(title=f"validate vs torch fp32 on {result['device']} (reference perplexity "
+                        f"{result['reference']['perplexity']:.2f})")
+    for col in ("backend", "precision", "status", "rel err", "decode err", "max abs", "top-1", "top-1 clear",
+                "greedy same", "first diverge", "ppl change"):
+        table.add_column(col, justify="left" if col in ("backend", "precision", "status") else "right")
+    colour = {"pass": "green", "fail": "red", "skipped": "yellow"}
+    for r in result["rows"]:
+        m = r["metrics"]
+        cells = [f"{m['rel_error']:.2e}", f"{m['decode_rel_error']:.2e}", f"{m['max_abs']:.3g}", f"{m['top1']:.3f}",
+                 f"{m['top1_clear']:.3f}", f"{m['identical_tokens']:.3f}", f"{m['mean_first_divergence']:.1f}",
+                 f"{100 * m['perplexity_change']:+.2f}%"] if m else [""] * 8
+        table.add_row(r["backend"], r["precision"], f"[{colour[r['status']]}]{r['status']}[/]", *cells)
+    for p in result.get("polygraphy", []):
+        table.add_row("polygraphy", p["precision"], f"[{colour[p['status']]}]{p['status']}[/]", *[""] * 8)
+    return table
+
+
+def report(result: dict, run: RunDir) -> None:
+    """The table and each row's reason on the console; a UserError when a row exceeds its budget."""
+    console.print(table(result))
+    for r in result["rows"] + result.get("polygraphy", []):
+        why = "; ".join(r.get("failures", [])) or r.get("reason") or (r.get("detail") if r["status"] != "pass" else "")
+        if why:
+            console.print(f"  {r.get('backend', 'polygraphy')} {r['precision']} {r['status']}: {why}", highlight=False, markup=False)
+    bad = failed(result)
+    if bad:
+        raise UserError(f"validate: {len(bad)} row(s) exceed their accuracy budget (see the table; "
+                        f"{run.reports / 'validate.json'})")

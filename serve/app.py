@@ -15,15 +15,14 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 from pipeline.errors import UserError
-from pipeline.runtime.generate import Generator
 from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.session import Session
 
 MAX_PROMPTS = 64  # one request's batch
 
@@ -40,59 +39,33 @@ class GenerateRequest(BaseModel):
     stream: bool = False
 
 
-@dataclass
-class Engine:
-    """A loaded backend and its tokenizer."""
-    backend: object
-    tokenizer: object
-    name: str
-    precision: str
-
-
-def load_engine(run, backend: str, precision: str, device) -> Engine:
-    """Open the backend and tokenizer of a run folder, or say in one line why not."""
-    from pipeline.runtime.backend import BackendUnavailable
-    from pipeline.runtime.loader import open_backend
-    from pipeline.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(run.checkpoint)
-    try:
-        opened = open_backend(run, backend, precision, device)
-    except BackendUnavailable as e:
-        raise UserError(f"--backend {backend} --precision {precision}: {e}") from None
-    return Engine(opened, tokenizer, backend, precision)
-
-
-def create_app(engine: Engine) -> FastAPI:
+def create_app(session: Session) -> FastAPI:
     app = FastAPI(title="gpt2-deploy", version="0.1.0")
     lock = threading.Lock()
-    eos = engine.tokenizer.eos_token_id
+    backend = session.backend
 
     def prepare(req: GenerateRequest) -> tuple[list[str], list[list[int]], Sampling]:
         prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
         if not prompts or len(prompts) > MAX_PROMPTS:
             raise UserError(f"prompt: give 1 to {MAX_PROMPTS} prompts")
-        ids = [engine.tokenizer(p)["input_ids"] for p in prompts]
-        s = Sampling(max_new_tokens=req.max_new_tokens, do_sample=req.do_sample, temperature=req.temperature,
+        ids = [session.encode(p) for p in prompts]
+        sampling = Sampling(max_new_tokens=req.max_new_tokens, do_sample=req.do_sample, temperature=req.temperature,
                      top_k=req.top_k, top_p=req.top_p, repetition_penalty=req.repetition_penalty, seed=req.seed,
-                     stop_tokens=(eos,))
-        s.check()
+                     stop_tokens=(session.eos,))
+        sampling.check()
         for i, p in enumerate(ids):
             if not p:
                 raise UserError(f"prompt {i} is empty")
-        Generator(engine.backend, eos).check_length(max(map(len, ids)), s.max_new_tokens)
-        return prompts, ids, s
+        session.generator().check_length(max(map(len, ids)), sampling.max_new_tokens)
+        return prompts, ids, sampling
 
-    def decode(row: list[int]) -> str:
-        return engine.tokenizer.decode([t for t in row if t != eos])
-
-    def generate_locked(ids: list[list[int]], s: Sampling) -> list[list[int]]:
+    def generate_locked(ids: list[list[int]], sampling: Sampling) -> list[list[int]]:
         with lock:
-            return Generator(engine.backend, eos).generate(ids, s)
+            return session.generator().generate(ids, sampling)
 
-    def steps(ids: list[list[int]], s: Sampling) -> Iterator[list[int]]:
+    def steps(ids: list[list[int]], sampling: Sampling) -> Iterator[list[int]]:
         with lock:
-            for token in Generator(engine.backend, eos).stream(ids, s):
+            for token in session.generator().stream(ids, sampling):
                 yield token.tolist()
 
     @app.exception_handler(UserError)
@@ -101,20 +74,20 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.get("/health")
     def health():
-        return {"status": "ok", "backend": engine.name, "precision": engine.precision,
-                "device": str(engine.backend.device), "context": engine.backend.n_positions}
+        return {"status": "ok", "backend": backend.name, "precision": backend.precision,
+                "device": str(backend.device), "context": backend.n_positions}
 
     @app.post("/generate")
     async def generate(req: GenerateRequest):
-        prompts, ids, s = prepare(req)
+        prompts, ids, sampling = prepare(req)
         if req.stream:
-            return StreamingResponse(_events(steps(ids, s), decode), media_type="text/event-stream")
+            return StreamingResponse(_events(steps(ids, sampling), session.decode), media_type="text/event-stream")
         started = time.perf_counter()
-        rows = await asyncio.to_thread(generate_locked, ids, s)
-        return {"completions": [decode(r) for r in rows], "tokens": rows,
+        rows = await asyncio.to_thread(generate_locked, ids, sampling)
+        return {"completions": [session.decode(r) for r in rows], "tokens": rows,
                 "usage": {"prompt_tokens": sum(map(len, ids)), "completion_tokens": sum(map(len, rows)),
                           "seconds": round(time.perf_counter() - started, 4)},
-                "backend": engine.name, "precision": engine.precision}
+                "backend": backend.name, "precision": backend.precision}
 
     return app
 

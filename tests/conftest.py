@@ -66,6 +66,19 @@ def exported_run(tmp_path_factory, corpus_file):
     return cfg, run, report
 
 
+ENGINE_PRECISIONS = ["fp32", "fp16", "int8", "int8-wo"]
+
+
+@pytest.fixture(scope="session")
+def engines(exported_run, tmp_path_factory):
+    """A copy of exported_run with a TensorRT-RTX engine (sm86) for every precision."""
+    from pipeline.engines.stage import build_engines
+
+    cfg, run, _ = exported_run
+    run = copy_run(run, tmp_path_factory.mktemp("engines") / "run")
+    return cfg, run, build_engines(cfg, run, ENGINE_PRECISIONS, "tensorrt_rtx", ["sm86"])
+
+
 def copy_run(run, dest: Path):
     """An independent copy of a run folder, for tests that break or rewrite its artifacts."""
     import shutil

@@ -6,7 +6,13 @@ import torch
 
 from pipeline.artifacts import RunDir
 from pipeline.config import load_config
-from pipeline.data import PackedBlocks, ResumableSampler, heldout_blocks, embedded_corpus, prepare_data
+from pipeline.data import (
+    PackedBlocks,
+    ResumableSampler,
+    embedded_corpus,
+    heldout_blocks,
+    prepare_data,
+)
 from pipeline.errors import UserError
 from pipeline.tokenizer import embedded_gpt2_tokenizer
 

@@ -7,8 +7,8 @@ import onnx
 import pytest
 
 from pipeline.errors import UserError
+from pipeline.export.calibration import calibration_feeds
 from pipeline.export.int8 import convert_int8_qdq
-from pipeline.export.stage import calibration_feeds
 from pipeline.model import load_checkpoint
 from pipeline.validate import failed, validate
 from tests.conftest import copy_run

@@ -5,7 +5,7 @@ decode (seq 1, past up to max_len - 1); TensorRT handles the empty past tensor o
 from __future__ import annotations
 
 from pipeline.config import EngineConfig
-from pipeline.export.contract import BATCH, PAST, SEQ, TOTAL, Contract
+from pipeline.contract import BATCH, PAST, SEQ, TOTAL, Contract
 
 Shape = tuple[int, ...]
 

@@ -8,14 +8,21 @@ from pathlib import Path
 
 import onnx
 
-from pipeline.artifacts import RunDir, atomic_write_bytes, atomic_write_json, atomic_write_text, fingerprint, sha256_file
+from pipeline.artifacts import (
+    RunDir,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    fingerprint,
+    sha256_file,
+)
 from pipeline.config import Config
+from pipeline.contract import Contract, check_graph
 from pipeline.engines.builder import build_plan
 from pipeline.engines.flavours import FLAVOURS, Flavour, by_name, import_flavour
 from pipeline.engines.metadata import EngineMeta, sm
 from pipeline.engines.profiles import profile_shapes
 from pipeline.errors import UserError
-from pipeline.export.contract import Contract, check_graph
 from pipeline.progress import console
 
 TIMING_CACHE = "timing.cache"

@@ -5,21 +5,16 @@ graph's inputs and outputs are plain tensors named by the contract."""
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import onnx
 import torch
 from transformers import DynamicCache, GPT2LMHeadModel
 
-from pipeline.export.contract import BATCH, PAST, SEQ, TOTAL, Contract
+from pipeline.contract import BATCH, PAST, SEQ, TOTAL, Contract
+from pipeline.model import cache_keyword
 
 ONNX_PROTOBUF_LIMIT = 2 * 1024**3  # a single .onnx file cannot exceed 2 GB: larger weights go to .onnx.data
-
-
-def cache_keyword(model: GPT2LMHeadModel) -> str:
-    """`cache` from transformers 5.24, `past_key_values` before it."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class WithKVCache(torch.nn.Module):

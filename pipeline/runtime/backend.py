@@ -1,43 +1,51 @@
-"""What every execution backend provides to the generation runtime.
+"""What every execution backend provides to the generation runtime: a prefill and a decode step.
 
-A backend runs one forward of the contract graph (prefill or decode) and keeps the KV cache of
-the batch it is working on. The generator owns tokens, masks, positions and sampling; a backend
-owns only how the model is executed. Tensors cross this boundary as torch tensors on the
-backend's device.
+A backend runs the model and keeps the KV cache of the batch it is working on; the generator owns
+tokens, sampling and stopping. Each row of a batch carries its own positions (left padding shifts
+them), and the backend keeps which cache slots of each row hold real tokens, so a decode step needs
+only each row's token and position. Tensors cross this boundary as torch tensors on the backend's
+device, the prefill's ids also on the host (Batch.host_ids) for backends that copy them themselves.
 
-A backend may also offer greedy_steps (the static-cache backends do, see static_backend): then the
-generator hands plain greedy decoding to it, and the backend feeds each argmax back itself. And it
-may set takes_host_ids: then a prefill's input_ids may come on the host, for the backend to move
-(the static-cache backends' prefill graphs copy them as their first node)."""
+One capability is optional and explicit: fused_greedy. A backend that sets it runs plain greedy
+decoding itself (greedy_steps), feeding each argmax back with no host work per token (the
+static-cache backends on a GPU replay one CUDA graph a token)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Iterator
 
 import torch
 
-BACKENDS = ("torch", "torch-compiled", "triton", "ort", "trt")
-PRECISIONS = ("fp32", "fp16", "int8", "int8-wo")
+from pipeline.runtime.batch import Batch
 
 
-class Backend(Protocol):
-    name: str  # one of BACKENDS
-    precision: str  # one of PRECISIONS
+class Backend:
+    name: str  # a key of loader.BACKENDS
+    precision: str  # a key of precisions.PRECISIONS
     device: torch.device
     n_positions: int  # context limit: prompt + generated tokens
     vocab_size: int
+    fused_greedy = False  # whether greedy_steps is offered
 
     def reset(self, batch: int, max_len: int) -> None:
-        """Prepare an empty KV cache for `batch` sequences of at most `max_len` tokens."""
+        """Prepare an empty KV cache for `batch` rows of at most `max_len` tokens."""
+        raise NotImplementedError
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                last_only: bool = False, padded: bool | None = None) -> torch.Tensor:
-        """input_ids/position_ids [B, S], attention_mask [B, past + S] (int64) -> logits [B, S, V] fp32
-        ([B, 1, V] with last_only: generation needs no more, and the LM head over a whole prompt
-        costs more than the rest of a batch-64 prefill). Appends the S new positions to the cache.
-        padded: whether attention_mask holds any 0, where the caller knows; a backend whose attention
-        differs for unpadded rows would otherwise have to wait for the device to tell (None: unknown).
-        The result may be a buffer the next call rewrites: use or copy it before calling again."""
+    def prefill(self, batch: Batch, last_only: bool = True) -> torch.Tensor:
+        """The prompts of a reset cache -> logits [B, S, V] fp32, or [B, 1, V] of each row's last
+        position with last_only (generation needs no more, and the LM head over a whole prompt
+        costs more than the rest of a batch-64 prefill). May be a buffer the next call rewrites."""
+        raise NotImplementedError
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One new token per row, tokens and positions [B, 1] int64, appended to the cache ->
+        logits [B, V] fp32. May be a buffer the next call rewrites."""
+        raise NotImplementedError
+
+    def greedy_steps(self, token: torch.Tensor, position: torch.Tensor, count: int) -> Iterator[torch.Tensor]:
+        """With fused_greedy, after a prefill: token [B] goes in at position [B, 1], then each step's
+        argmax feeds the next. Yields `count` tokens [B], valid until the next generation."""
+        raise NotImplementedError(f"{self.name} has no fused greedy decoding")
 
 
 class BackendUnavailable(Exception):

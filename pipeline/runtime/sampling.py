@@ -52,12 +52,12 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
     return logits
 
 
-def next_tokens(logits: torch.Tensor, seen: torch.Tensor, s: Sampling, generator: torch.Generator | None) -> torch.Tensor:
+def next_tokens(logits: torch.Tensor, seen: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:
     """logits [B, V] fp32 of the last position -> next token ids [B]."""
-    if s.repetition_penalty != 1.0:
-        logits = apply_repetition_penalty(logits, seen, s.repetition_penalty)
-    if not s.do_sample:
+    if sampling.repetition_penalty != 1.0:
+        logits = apply_repetition_penalty(logits, seen, sampling.repetition_penalty)
+    if not sampling.do_sample:
         return logits.argmax(-1)
-    logits = filter_top_k_top_p(logits / s.temperature, s.top_k, s.top_p)
+    logits = filter_top_k_top_p(logits / sampling.temperature, sampling.top_k, sampling.top_p)
     probs = logits.softmax(-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(1)

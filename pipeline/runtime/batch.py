@@ -1,0 +1,102 @@
+"""A batch of prompts as the backends take it: left-padded to one length, with its attention mask
+and positions, and the attention mask a cache of such rows keeps as decode steps append to it."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pipeline.errors import UserError
+
+
+@dataclass
+class Batch:
+    """Prompts left-padded to one length. host_ids [B, S] int64: the batch's own copy on the host;
+    input_ids, attention_mask, position_ids [B, S] on the device; padded: whether any row is (known
+    on the host, so a backend need not ask the device). Read-only: batches of one unpadded shape
+    share their mask and positions."""
+    host_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    padded: bool
+    sent_ids: torch.Tensor | None = None  # input_ids, once sent
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """The ids on the device, sent on first use (a backend that takes host_ids never needs them),
+        from page-locked memory, without waiting: a pageable copy makes the host wait."""
+        if self.sent_ids is None:
+            device = self.attention_mask.device
+            host = self.host_ids.pin_memory() if device.type == "cuda" else self.host_ids
+            self.sent_ids = host.to(device, non_blocking=True)
+        return self.sent_ids
+
+
+Prompts = list[list[int]] | np.ndarray  # token ids: a list per row, or one [B, S] integer array of equal rows
+
+
+@functools.lru_cache(maxsize=8)
+def unpadded_mask_and_positions(batch: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention mask and positions of rows without padding, made on the device once per shape:
+    shared between batches, so read-only."""
+    mask = torch.ones(batch, width, dtype=torch.int64, device=device)
+    return mask, torch.arange(width, device=device).expand(batch, width).contiguous()
+
+
+def left_pad(prompts: Prompts, pad_id: int, device: torch.device) -> Batch:
+    """Pad on the left so every row's last prompt token is at the same column; positions count
+    real tokens only (as Hugging Face's generate does), so padding does not shift them. Built in
+    numpy; a padded batch goes to the device in one copy, since per-row tensors cost milliseconds.
+
+    A batch without padding (one integer array, as a tokenizer's batch or the bench's prompts, or
+    lists of one length) sends nothing: its ids go to the device when first asked for (Batch), and
+    the mask and positions of unpadded rows come from unpadded_mask_and_positions, since every host
+    operation here delays the prefill (docs/performance.md)."""
+    if isinstance(prompts, np.ndarray):
+        if prompts.ndim != 2 or not prompts.shape[1] or prompts.dtype.kind not in "iu":
+            raise UserError(f"prompts as an array must be integer token ids [batch, tokens] with at least one token; "
+                            f"this one is {prompts.dtype} of shape {prompts.shape}")
+        ids, padded = np.array(prompts, dtype=np.int64, order="C"), False  # a copy: the caller's array is theirs
+    else:
+        for i, p in enumerate(prompts):
+            if not p:
+                raise UserError(f"prompt {i} is empty: give at least one token")
+        lengths = np.array([len(p) for p in prompts])
+        ids = np.full((len(prompts), int(lengths.max())), pad_id, dtype=np.int64)
+        for row, p in zip(ids, prompts):
+            row[ids.shape[1] - len(p):] = p
+        padded = bool((lengths < ids.shape[1]).any())
+    if not padded:
+        return Batch(torch.from_numpy(ids), *unpadded_mask_and_positions(*ids.shape, device), padded=False)
+    # one copy to the device, from page-locked memory (Batch.input_ids)
+    width = ids.shape[1]
+    mask = (np.arange(width)[None, :] >= width - lengths[:, None]).astype(np.int64)
+    positions = np.maximum(mask.cumsum(-1) - 1, 0)
+    host = torch.empty((3, *ids.shape), dtype=torch.int64, pin_memory=device.type == "cuda")
+    np.stack([ids, mask, positions], out=host.numpy())
+    sent_ids, mask, positions = host.to(device, non_blocking=True).unbind(0)
+    return Batch(torch.from_numpy(ids), mask, positions, padded=True, sent_ids=sent_ids)
+
+
+class CacheMask:
+    """The attention mask of a cache that a prefill filled and decode steps append to, for graphs
+    that take the mask as an input (the ONNX contract, Hugging Face's model): allocated once per
+    prefill at the cache's full length, so a decode step binds a slice of it and copies nothing."""
+
+    def __init__(self) -> None:
+        self.mask: torch.Tensor | None = None
+        self.length = 0
+
+    def prefill(self, batch: Batch, max_len: int) -> None:
+        rows, width = batch.attention_mask.shape
+        self.mask = torch.ones(rows, max_len, dtype=torch.long, device=batch.attention_mask.device)
+        self.mask[:, :width] = batch.attention_mask
+        self.length = width
+
+    def step(self) -> torch.Tensor:
+        """The mask of a decode step: every slot so far and the new one, [B, length + 1]."""
+        self.length += 1
+        return self.mask[:, :self.length]

@@ -1,0 +1,66 @@
+"""A backend opened for generating text: the one way `generate` and `serve` load what they run."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.artifacts import RunDir
+from pipeline.errors import UserError
+from pipeline.runtime.backend import Backend, BackendUnavailable
+from pipeline.runtime.generate import Generator
+from pipeline.runtime.loader import open_backend
+from pipeline.runtime.sampling import Sampling
+from pipeline.tokenizer import load_tokenizer
+
+
+@dataclass
+class Session:
+    backend: Backend
+    tokenizer: object  # a transformers tokenizer of the run's checkpoint
+
+    @property
+    def eos(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    def generator(self) -> Generator:
+        return Generator(self.backend, self.eos)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text)["input_ids"]
+
+    def decode(self, tokens: list[int]) -> str:
+        """Text of generated tokens, without the stop token."""
+        return self.tokenizer.decode([t for t in tokens if t != self.eos])
+
+
+def open_session(run: RunDir, backend: str, precision: str, device: torch.device) -> Session:
+    """The run's tokenizer and the backend, or a one-line error naming the options when it cannot run here."""
+    tokenizer = load_tokenizer(run.checkpoint)
+    try:
+        return Session(open_backend(run, backend, precision, device), tokenizer)
+    except BackendUnavailable as e:
+        raise UserError(f"--backend {backend} --precision {precision}: {e}") from None
+
+
+def print_generation(session: Session, prompts: list[str], sampling: Sampling) -> None:
+    """Generate from the prompts as one batch, streaming the first prompt's text as it comes and
+    printing the others' once done."""
+    ids = [session.encode(p) for p in prompts]
+    rows: list[list[int]] = [[] for _ in ids]
+    shown = ""
+    steps = session.generator().stream(ids, sampling)
+    first = next(steps)  # a bad request (an empty or too long prompt) fails here, before any output
+    print(prompts[0], end="", flush=True)
+    for step in itertools.chain([first], steps):
+        for row, token in zip(rows, step.tolist()):
+            row.append(token)
+        # decode the whole row: one token can hold half of a multi-byte character
+        now = session.decode(rows[0])
+        print(now[len(shown):], end="", flush=True)
+        shown = now
+    print()
+    for prompt, row in zip(prompts[1:], rows[1:]):
+        print(prompt + session.decode(row))

@@ -1,0 +1,222 @@
+"""What the static-cache backends (torch-compiled, triton) share: StaticGPT2's weights, one
+preallocated KV cache per (batch, cache length), prefill through StaticGPT2, and on a GPU the
+steps replayed from CUDA graphs: the decode step captured once per cache, the prefill once per
+prompt shape, and for plain greedy decoding a step that also takes the argmax and advances its own
+inputs, so a token costs one replay and no host work. A subclass says only how one decode step is
+computed (and may do the greedy tail its own way).
+
+Cache lengths are rounded up (CACHE_ROUNDING) so that requests of similar length share one cache
+and its graphs; a decode step that reads only the filled part of the cache pays nothing for that."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from transformers import GPT2LMHeadModel
+
+from pipeline.precisions import torch_dtype
+from pipeline.runtime.backend import Backend
+from pipeline.runtime.batch import Batch
+from pipeline.runtime.kernels.torch_ops import TorchOps
+from pipeline.runtime.static.static_gpt2 import StaticGPT2
+
+CACHE_ROUNDING = 256
+PREFILL_GRAPHS = 8  # prompt shapes per cache whose prefill graph is kept; the least recently used goes
+WARMUP_RUNS = 3  # before a capture: lets compilation and the allocator settle on a side stream
+
+
+@dataclass
+class CacheSlot:
+    """Everything a captured graph reads or writes, at addresses fixed for the slot's lifetime."""
+    cache: list[torch.Tensor]  # 2L x [B, H, T, D]
+    slot_mask: torch.Tensor  # [B, T] bool: which slots hold real tokens
+    token: torch.Tensor  # [B, 1] decode input
+    position: torch.Tensor  # [B, 1]
+    start: torch.Tensor  # scalar int64: the slot the next decode step writes (a prefill takes its start from the host)
+    step: torch.Tensor  # [1] int64: greedy_steps' column in greedy_tokens
+    greedy_tokens: torch.Tensor  # [B, T] int64: what greedy_steps yields, one column per step
+    scratch: dict[str, torch.Tensor] = field(default_factory=dict)  # a subclass's own buffers
+    decode: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None  # graph, its logits [B, V] fp32
+    greedy: torch.cuda.CUDAGraph | None = None  # greedy_step, captured
+    prefill: OrderedDict = field(default_factory=OrderedDict)  # (seq, causal) -> PrefillGraph
+
+
+@dataclass
+class PrefillGraph:
+    """A prefill captured for one prompt shape. Its first node copies the ids from `staged`, page-locked
+    host memory the host fills, to the device: the ids cost the host no launch of their own before
+    the replay."""
+    staged: torch.Tensor  # [B, S] int64, page-locked
+    positions: torch.Tensor  # [B, S] on the device (a causal prefill's are its slots: not read)
+    copied: torch.cuda.Event  # recorded after each replay: `staged` may be refilled once it has passed
+    graph: torch.cuda.CUDAGraph | None = None
+    logits: torch.Tensor | None = None  # what each replay rewrites
+
+    def stage(self, input_ids: torch.Tensor) -> None:
+        """The host's ids of the next replay into `staged`, once the last replay has copied it out."""
+        self.copied.synchronize()
+        self.staged.copy_(input_ids)
+
+
+def capture(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """Warm fn up on a side stream, then record it into a CUDA graph. Returns the graph and fn's
+    output, a buffer every replay rewrites. The graph is recorded, not run: replay it."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_RUNS):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+class StaticCacheBackend(Backend):
+    fused_greedy = True  # greedy_steps: one graph replay a token
+    fold_layer_norms = False  # StaticGPT2's option: for kernels that fuse each norm into the product after it
+    prefill_ops = TorchOps  # StaticGPT2's option: what the prefill's elementwise work runs as
+
+    def __init__(self, model: GPT2LMHeadModel, precision: str, device: str | torch.device, cuda_graphs: bool | None = None):
+        self.precision, self.device = precision, torch.device(device)
+        self.n_positions, self.vocab_size = model.config.n_positions, model.config.vocab_size
+        self.net = StaticGPT2(model, torch_dtype(precision), self.fold_layer_norms, self.prefill_ops).to(self.device).eval()
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self.slots: dict[tuple[int, int], CacheSlot] = {}
+        self.slot: CacheSlot | None = None
+        self.length = 0  # slots filled in the slot's cache: the next decode step writes this one
+
+    def decode_step(self, s: CacheSlot) -> torch.Tensor:
+        """One decode step from s.token/position/start over s.cache -> logits [B, V] fp32."""
+        raise NotImplementedError
+
+    def new_slot(self, batch: int, length: int) -> CacheSlot:
+        long = dict(dtype=torch.long, device=self.device)
+        return CacheSlot(self.net.new_cache(batch, length), torch.zeros(batch, length, dtype=torch.bool, device=self.device),
+                         torch.zeros(batch, 1, **long), torch.zeros(batch, 1, **long), torch.zeros((), **long),
+                         torch.zeros(1, **long), torch.zeros(batch, length, **long))
+
+    def reset(self, batch: int, max_len: int) -> None:
+        length = min(-(-max_len // CACHE_ROUNDING) * CACHE_ROUNDING, max(self.n_positions, max_len))
+        if (batch, length) not in self.slots:
+            self.slots[batch, length] = self.new_slot(batch, length)
+        self.slot = self.slots[batch, length]  # its slot marks are rewritten as the cache fills (mark_slots)
+        self.length = 0
+
+    def greedy_step(self, s: CacheSlot) -> None:
+        """One greedy step that feeds the next: s.token at s.position into slot s.start, its argmax
+        into s.greedy_tokens[:, s.step] and s.token; position, slot and step advance by one and the
+        new slot is marked real in s.slot_mask."""
+        token = self.decode_step(s).argmax(-1, keepdim=True)
+        s.greedy_tokens.index_copy_(1, s.step, token)
+        s.token.copy_(token)
+        for counter in (s.position, s.start, s.step):
+            counter.add_(1)
+        s.slot_mask.index_fill_(1, s.start.view(1), True)
+
+    def prepare_greedy(self, s: CacheSlot) -> None:
+        """Whatever greedy_step reads besides s.token/position/start/step, made from them before the first step."""
+
+    @torch.inference_mode()
+    def greedy_steps(self, token: torch.Tensor, position: torch.Tensor, count: int) -> Iterator[torch.Tensor]:
+        """As Backend.greedy_steps. On a GPU a step is one replay of a graph that also takes the argmax
+        and advances the inputs, where decode() needs small launches around its replay."""
+        s, slot = self.slot, self.length
+
+        def set_inputs() -> None:
+            s.token.copy_(token[:, None])
+            s.position.copy_(position)
+            s.start.fill_(slot)
+            s.step.zero_()
+            self.prepare_greedy(s)
+
+        set_inputs()
+        s.slot_mask[:, slot] = True
+        if self.cuda_graphs and s.greedy is None:
+            s.greedy = capture(lambda: self.greedy_step(s), self.device)[0]
+            set_inputs()  # capture's warm-up ran steps from them
+        for i in range(count):
+            if self.cuda_graphs:
+                s.greedy.replay()
+            else:
+                self.greedy_step(s)
+            self.length += 1
+            yield s.greedy_tokens[:, i]
+
+    @torch.inference_mode()
+    def prefill(self, batch: Batch, last_only: bool = True) -> torch.Tensor:
+        """As Backend.prefill, from slot 0. On a GPU with last_only the result is a graph's output
+        buffer, replayed from the prompt shape's graph (PrefillGraph) with the ids taken from the host."""
+        s, seq = self.slot, batch.host_ids.shape[1]
+        self.length = seq
+        if seq == 1:  # a one-token prompt is a decode step into slot 0
+            self.mark_slots(batch.attention_mask, 0)
+            return self.replay_decode(batch.input_ids, batch.position_ids, 0)[:, None]
+        # a prompt without padding takes attention without a mask (StaticGPT2's causal), and reads no
+        # slot marks: they go in after its launch, where on a GPU they cost the first token nothing
+        causal = not batch.padded
+        if not causal:
+            self.mark_slots(batch.attention_mask, 0)
+        prefill = lambda ids, pos: self.net.prefill(ids, pos, s.slot_mask, s.cache, 0, last_only, causal).float()  # noqa: E731
+        if self.cuda_graphs and last_only:
+            logits = self.replay_prefill(prefill, batch.host_ids, batch.position_ids, causal)
+        else:  # full logits are for validation, not speed: no graph
+            logits = prefill(batch.input_ids, batch.position_ids)
+        if causal:
+            self.mark_slots(batch.attention_mask, 0)
+        return logits
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """As Backend.decode. On a GPU the result is the decode graph's output buffer."""
+        self.slot.slot_mask[:, self.length] = True
+        self.length += 1
+        return self.replay_decode(tokens, positions, self.length - 1)
+
+    def replay_decode(self, tokens: torch.Tensor, positions: torch.Tensor, slot: int) -> torch.Tensor:
+        """The decode step, replayed from the slot's graph on a GPU: tokens/positions [B, 1] into slot -> [B, V]."""
+        s = self.slot
+        s.start.fill_(slot)
+        s.token.copy_(tokens)
+        s.position.copy_(positions)
+        if not self.cuda_graphs:
+            return self.decode_step(s)
+        if s.decode is None:
+            s.decode = capture(lambda: self.decode_step(s), self.device)
+        s.decode[0].replay()
+        return s.decode[1]
+
+    def mark_slots(self, attention_mask: torch.Tensor, start: int) -> None:
+        """Slots from start marked real or padding from the attention mask's columns from start.
+        Slots after them keep an earlier generation's marks: attention reads only slots up to its
+        query's own, all marked by then, so a reset clears nothing."""
+        self.slot.slot_mask[:, start:attention_mask.shape[1]].copy_(attention_mask[:, start:])  # one kernel, int64 -> bool
+
+    def replay_prefill(self, prefill: Callable, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                       causal: bool) -> torch.Tensor:
+        """prefill(ids, positions) replayed from the slot's CUDA graph for its shape (seq, causal),
+        captured on first use. input_ids on the host. Returns the graph's logits buffer."""
+        s, shape = self.slot, (input_ids.shape[1], causal)
+        entry = s.prefill.get(shape)
+        if entry is None:
+            entry = PrefillGraph(torch.empty(input_ids.shape, dtype=torch.long, pin_memory=True), position_ids.clone(),
+                                 torch.cuda.Event())
+            entry.stage(input_ids)  # the capture's warm-up runs read them
+            ids = torch.empty(input_ids.shape, dtype=torch.long, device=self.device)
+            entry.graph, entry.logits = capture(
+                lambda: prefill(ids.copy_(entry.staged, non_blocking=True), entry.positions), self.device)
+            s.prefill[shape] = entry
+            if len(s.prefill) > PREFILL_GRAPHS:
+                s.prefill.popitem(last=False)
+        else:
+            entry.stage(input_ids)
+            if not causal:  # a causal prefill's positions are its slots: StaticGPT2 does not read them
+                entry.positions.copy_(position_ids)
+        s.prefill.move_to_end(shape)
+        entry.graph.replay()
+        entry.copied.record()
+        return entry.logits

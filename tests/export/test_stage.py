@@ -1,0 +1,123 @@
+"""The export stage on a micro model fine-tuned for a few steps: every variant, the contract,
+parity with PyTorch on ONNX Runtime, and what a failed export leaves behind (nothing)."""
+
+import json
+import shutil
+
+import onnx
+import pytest
+import torch
+
+from pipeline.artifacts import RunDir
+from pipeline.contract import Contract, check_graph
+from pipeline.errors import UserError
+from pipeline.export.stage import export
+from pipeline.metrics import compare_logits
+from pipeline.model import load_checkpoint
+from pipeline.runtime.batch import left_pad
+from pipeline.runtime.generate import Generator
+from pipeline.runtime.loader import open_backend
+from pipeline.runtime.portable.torch_eager import TorchEagerBackend
+from pipeline.runtime.sampling import Sampling
+from tests.conftest import copy_run
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def exported(exported_run):
+    return exported_run
+
+
+def test_every_variant_is_written_checked_and_recorded(exported):
+    cfg, run, report = exported
+    model = load_checkpoint(run.checkpoint)
+    contract = Contract.from_hf_config(model.config)
+    manifest = json.loads(run.manifest_path.read_text())
+    for precision in ("fp32", "fp16", "int8", "int8-wo"):
+        graph = onnx.load(run.onnx(precision) / "model.onnx")
+        dtype = check_graph(graph, contract, precision)
+        assert dtype == ("float16" if precision == "fp16" else "float32")
+        assert f"onnx/{precision}/model.onnx" in manifest["artifacts"]
+        assert report[precision]["bytes"] > 0 and report[precision]["opset"] == 18
+    assert report["fp32"]["parity_ort_cpu"]["rel_error"] < 1e-5
+    assert report["fp32"]["parity_ort_cpu"]["identical_tokens"] == 1.0
+
+
+def test_tied_weight_is_stored_once_and_int8_weights_are_int8(exported):
+    _, run, _ = exported
+    vocab_sized = lambda g: [i for i in g.graph.initializer if 50257 in i.dims]  # noqa: E731
+    for precision in ("fp32", "fp16", "int8", "int8-wo"):
+        assert len(vocab_sized(onnx.load(run.onnx(precision) / "model.onnx"))) == 1, precision
+    for precision in ("int8", "int8-wo"):
+        graph = onnx.load(run.onnx(precision) / "model.onnx")
+        int8 = [i for i in graph.graph.initializer if i.data_type == onnx.TensorProto.INT8 and len(i.dims) == 2]
+        assert len(int8) == 4  # attention qkv and out projection, MLP up and down: one layer
+
+
+def test_fp32_graph_matches_pytorch_at_contract_shapes(exported):
+    """Prefill with an empty past at (batch, seq) (1,1), (1,200), (3,17), then 32 greedy steps."""
+    _, run, _ = exported
+    model = load_checkpoint(run.checkpoint)
+    torch.manual_seed(0)
+    for batch, seq in ((1, 1), (1, 200), (3, 17)):
+        ids = torch.randint(0, 50257, (batch, seq)).numpy()
+        logits = []
+        for backend in (TorchEagerBackend(model), open_backend(run, "ort", "fp32", CPU)):
+            backend.reset(batch, seq)
+            logits.append(backend.prefill(left_pad(ids, 0, CPU), last_only=False))
+        assert compare_logits(logits[1], logits[0])["rel_error"] < 1e-5, (batch, seq)
+    prompts = [torch.randint(0, 50257, (9,)).tolist()]
+    s = Sampling(max_new_tokens=32)
+    ort = Generator(open_backend(run, "ort", "fp32", CPU)).generate(prompts, s)
+    assert ort == Generator(TorchEagerBackend(model)).generate(prompts, s)
+
+
+def test_left_padded_batch_matches_hf_generate(exported):
+    _, run, _ = exported
+    model = load_checkpoint(run.checkpoint)
+    prompts = [[464, 2068, 7586, 21831, 18045, 625], [15496, 995], [818, 262, 3726]]
+    ours = Generator(open_backend(run, "ort", "fp32", CPU)).generate(
+        prompts, Sampling(max_new_tokens=12))
+    width = max(map(len, prompts))
+    ids = torch.tensor([[50256] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    hf = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=50256)
+    assert ours == hf[:, width:].tolist()
+
+
+def test_unchanged_export_is_a_no_op(exported):
+    cfg, run, _ = exported
+    stamps = {p: (run.onnx(p) / "model.onnx").stat().st_mtime_ns for p in ("fp32", "int8")}
+    export(cfg, run)
+    assert stamps == {p: (run.onnx(p) / "model.onnx").stat().st_mtime_ns for p in ("fp32", "int8")}
+
+
+def test_a_variant_over_budget_leaves_nothing_behind(exported, tmp_path):
+    cfg, run, _ = exported
+    strict = copy_run(run, tmp_path / "strict")
+    shutil.rmtree(strict.onnx("int8"))
+    strict.forget("export-int8")
+    cfg.validate.budgets["int8"].max_rel_error = 1e-9
+    try:
+        with pytest.raises(UserError, match="export int8: the graph disagrees with PyTorch .*nothing was written"):
+            export(cfg, strict, precisions=["int8"], force=True)
+    finally:
+        cfg.validate.budgets["int8"].max_rel_error = 0.1
+    assert (strict.onnx("fp32") / "model.onnx").exists() and not strict.onnx("int8").exists()
+    assert not [p for p in (strict.root / "onnx").iterdir() if p.name.startswith(".")]
+
+
+def test_missing_checkpoint_names_the_stage(tmp_path, micro_config):
+    with pytest.raises(UserError, match="`gpt2-deploy finetune`.*makes it"):
+        export(micro_config(), RunDir(tmp_path / "empty"))
+
+
+def test_too_small_calibration_set_is_refused(exported):
+    cfg, run, _ = exported
+    cfg.data.calib_samples = 10**5
+    try:
+        with pytest.raises(UserError, match="lower data.calib_samples"):
+            export(cfg, run, force=True)
+    finally:
+        cfg.data.calib_samples = 4

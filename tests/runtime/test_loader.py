@@ -1,0 +1,47 @@
+"""The backend registry and open_backend: one table that the CLI, config and the matrices read, and
+one-line refusals for pairs that cannot run here."""
+
+import pytest
+import torch
+
+from pipeline.artifacts import RunDir
+from pipeline.cli import BACKEND_NAMES
+from pipeline.precisions import PRECISIONS
+from pipeline.runtime.backend import BackendUnavailable
+from pipeline.runtime.loader import BACKENDS, bench_matrix, default_matrix, open_backend
+
+CPU = torch.device("cpu")
+
+
+def test_the_registry_names_known_precisions_and_the_cli_lists_every_backend():
+    assert all(set(spec.precisions) <= set(PRECISIONS) for spec in BACKENDS.values())
+    assert all(set(spec.matrix or ()) <= set(spec.precisions) for spec in BACKENDS.values())
+    assert BACKEND_NAMES.split(", ") == list(BACKENDS)
+
+
+def test_the_matrices_come_from_the_registry():
+    assert default_matrix() == [("torch", "fp16"), ("torch-compiled", "fp32"), ("torch-compiled", "fp16"),
+                                ("triton", "fp16"), *[("ort", p) for p in PRECISIONS], *[("trt", p) for p in PRECISIONS]]
+    assert bench_matrix() == [("torch", "fp32"), *default_matrix()]
+
+
+@pytest.mark.parametrize("name, precision, device, message", [
+    ("nope", "fp32", CPU, "unknown backend/precision nope/fp32"),
+    ("torch", "int8", CPU, "torch runs fp32/fp16; int8 runs on ort or trt"),
+    ("triton", "fp16", CPU, "triton runs on a CUDA GPU .* this run is on the CPU"),
+    ("trt", "fp16", CPU, "trt runs on a CUDA GPU"),
+    ("torch-compiled", "fp16", CPU, "fp16 PyTorch runs on a GPU only"),
+])
+def test_pairs_that_cannot_run_here_say_why(tmp_path, name, precision, device, message):
+    with pytest.raises(BackendUnavailable, match=message):
+        open_backend(RunDir(tmp_path / "run"), name, precision, device)
+
+
+def test_a_missing_graph_names_the_stage_that_makes_it(exported_run, tmp_path):
+    from tests.conftest import copy_run
+
+    _, run, _ = exported_run
+    run = copy_run(run, tmp_path / "run")
+    (run.onnx("int8") / "model.onnx").unlink()
+    with pytest.raises(BackendUnavailable, match=r"no onnx/int8 graph .*gpt2-deploy export"):
+        open_backend(run, "ort", "int8", CPU)
