@@ -22,6 +22,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -32,6 +33,7 @@ from typing import Any
 from pipeline.errors import UserError
 
 ARTIFACTS_ROOT = Path("artifacts")
+STALE_TEMP = re.compile(r"\..+\.(tmp|old-\d+)")  # what atomic_write_bytes and atomic_dir leave if killed
 TRACKED_PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "onnx", "onnxscript", "onnxruntime",
                     "onnxruntime-gpu", "nvidia-modelopt", "polygraphy", "tensorrt", "tensorrt-rtx", "triton")
 
@@ -129,12 +131,27 @@ class RunDir:
         return self.root / "onnx" / precision
 
     def ensure_writable(self) -> None:
+        """Make the run folder, and remove what an earlier stage killed mid-write left (remove_stale_temps)."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UserError(f"{self.root}: cannot create the run folder ({e.strerror})") from None
         if not os.access(self.root, os.W_OK):
             raise UserError(f"{self.root}: the run folder is not writable; fix its permissions or pick another --artifacts")
+        self.remove_stale_temps()
+
+    def remove_stale_temps(self) -> list[Path]:
+        """The temporary files and folders of atomic writes that never finished (the process was killed
+        with SIGKILL, or the machine stopped): removed, since nothing will ever rename them into place.
+        One stage at a time writes to a run folder, so none of them is still being written."""
+        stale = [p for p in self.root.rglob(".*") if STALE_TEMP.fullmatch(p.name)]
+        for path in sorted(stale, key=lambda p: len(p.parts)):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        return stale
 
     # manifest -----------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
@@ -172,6 +189,25 @@ class RunDir:
     def artifact_hashes(self, stage: str) -> dict[str, str]:
         """{relative path: sha256} of what `stage` produced, as recorded."""
         return {k: v["sha256"] for k, v in self.manifest()["artifacts"].items() if v.get("stage") == stage}
+
+    def require_exported(self, precision: str) -> str:
+        """The sha256 of onnx/<precision>/model.onnx, if it is the graph export wrote from the checkpoint
+        that is here now; else a UserError naming the file and what to rerun. A missing graph is left
+        to the caller to report."""
+        path = self.onnx(precision) / "model.onnx"
+        if not path.exists():
+            return ""
+        manifest, redo = self.manifest(), "; rerun `gpt2-deploy export --force`"
+        entry = manifest["stages"].get(f"export-{precision}")
+        if entry is None:
+            raise UserError(f"{path}: not recorded in {self.manifest_path} (an export that did not finish?){redo}")
+        if entry.get("checkpoint") != self.artifact_hashes("finetune"):
+            raise UserError(f"{path}: exported from another checkpoint than {self.checkpoint}{redo}")
+        recorded = manifest["artifacts"].get(f"onnx/{precision}/model.onnx", {}).get("sha256")
+        if recorded != sha256_file(path):
+            raise UserError(f"{path}: not the {precision} graph export wrote (its sha256 differs from "
+                            f"{self.manifest_path}){redo}")
+        return recorded
 
     def is_fresh(self, stage: str, stage_fingerprint: str) -> bool:
         manifest = self.manifest()

@@ -50,7 +50,7 @@ def user_errors(fn):
             if _debug["on"]:
                 raise
             console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(130 if isinstance(e, Interrupted) else 1) from None
+            raise typer.Exit(e.exit_code if isinstance(e, Interrupted) else 1) from None
         except KeyboardInterrupt:  # stages write through temp files and renames: nothing half-written stays
             if _debug["on"]:
                 raise
@@ -211,20 +211,27 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
           artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
           backend: BackendName = "ort", precision: PrecisionName = "fp32",
           host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-          port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000) -> None:
+          port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
+          max_body: Annotated[int, typer.Option(min=1024, help="Largest request body in bytes (413 above).")] = 1 << 20,
+          queue: Annotated[int, typer.Option(min=1, help="Requests that may wait behind the running one (429 above).")] = 64,
+          timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a request may run before it is stopped (504).")] = 120.0,
+          docs: Annotated[bool, typer.Option("--docs", help="Also serve /docs and /openapi.json.")] = False) -> None:
     """Serve generation over HTTP (POST /generate, GET /health) from one backend and precision."""
     try:
         import uvicorn
 
-        from serve.app import create_app
+        from serve.app import Limits, create_app
     except ImportError as e:
         raise UserError(f"serving needs the [serve] extra ({e.name} is missing): pip install 'gpt2-deploy[serve]'") from None
     from pipeline.runtime.session import open_session
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
     session = open_session(rundir, backend, precision, _device(device))
+    limits = Limits(body_bytes=max_body, queue=queue, timeout_s=timeout)
     console.print(f"serve: {backend} {precision} from {rundir.root} on http://{host}:{port}", markup=False)
-    uvicorn.run(create_app(session), host=host, port=port, log_level="warning")
+    # SIGTERM: uvicorn stops accepting and lets in-flight requests finish, for at most this long
+    uvicorn.run(create_app(session, limits, docs), host=host, port=port, log_level="warning",
+                timeout_graceful_shutdown=30)
 
 
 @app.command()

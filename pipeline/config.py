@@ -8,6 +8,7 @@ overrides a preset section by section, and `--set` overrides single keys last.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,37 +143,38 @@ CHOICES = {
 }
 
 
-def _merge_into(obj: Any, values: dict[str, Any], where: str) -> None:
-    """Set dataclass fields from a (nested) dict, converting and type-checking each value."""
+def _merge_into(obj: Any, values: dict[str, Any], source: str, path: str = "") -> None:
+    """Set dataclass fields from a (nested) dict, converting and type-checking each value. Errors
+    name the source (a preset, a file, a --set option) and the key's dotted path apart."""
     hints = get_type_hints(type(obj))
     for key, value in values.items():
+        where = f"{path}{key}"
         if key not in hints:
-            known = ", ".join(hints)
-            raise UserError(f"{where}: unknown key '{key}' (known: {known})")
+            raise UserError(f"{source}: unknown key '{where}' (known here: {', '.join(hints)})")
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current) or isinstance(current, dict):
             if not isinstance(value, dict):
-                raise UserError(f"{where}.{key}: expected a table of settings, got {value!r}")
+                raise UserError(f"{source}: {where} is a table of settings, not {value!r}")
             if isinstance(current, dict):  # a table of dataclasses keyed by name (budgets per precision)
                 for name, entry in value.items():
                     if name not in current:
-                        raise UserError(f"{where}.{key}: unknown entry '{name}' (known: {', '.join(current)})")
-                    _merge_into(current[name], entry, f"{where}.{key}.{name}")
+                        raise UserError(f"{source}: unknown entry '{where}.{name}' (known: {', '.join(current)})")
+                    _merge_into(current[name], entry, source, f"{where}.{name}.")
             else:
-                _merge_into(current, value, f"{where}.{key}")
+                _merge_into(current, value, source, f"{where}.")
         else:
-            setattr(obj, key, _coerce(value, hints[key], f"{where}.{key}"))
+            setattr(obj, key, _coerce(value, hints[key], source, where))
 
 
-def _coerce(value: Any, hint: Any, where: str) -> Any:
-    """Accept TOML values and `--set` strings alike."""
+def _coerce(value: Any, hint: Any, source: str, where: str) -> Any:
+    """Accept TOML values and `--set` strings alike; floats must be finite."""
     origin = get_origin(hint)
     try:
         if origin is list:
             (item,) = get_args(hint)
             if isinstance(value, str):
                 value = [v for v in value.split(",") if v]
-            return [_coerce(v, item, where) for v in value]
+            return [_coerce(v, item, source, where) for v in value]
         if hint is bool:
             if isinstance(value, str):
                 if value.lower() in ("1", "true", "yes", "on"):
@@ -180,12 +182,19 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
                 if value.lower() in ("0", "false", "no", "off"):
                     return False
                 raise ValueError(value)
-            return bool(value)
+            if not isinstance(value, bool):
+                raise ValueError(value)
+            return value
+        if hint in (int, float) and isinstance(value, bool):
+            raise ValueError(value)
         if hint is int and isinstance(value, float) and not value.is_integer():
             raise ValueError(value)
-        return hint(value)
+        converted = hint(value)
+        if hint is float and not math.isfinite(converted):
+            raise UserError(f"{source}: {where} = {value!r} is not a finite number")
+        return converted
     except (TypeError, ValueError):
-        raise UserError(f"{where}: {value!r} is not a valid {getattr(hint, '__name__', hint)}") from None
+        raise UserError(f"{source}: {where} = {value!r} is not a valid {getattr(hint, '__name__', hint)}") from None
 
 
 def _parse_override(text: str) -> tuple[list[str], str]:
@@ -201,7 +210,7 @@ def load_config(preset: str = "tiny", file: Path | None = None, overrides: list[
     if preset not in PRESETS:
         raise UserError(f"--preset {preset!r} is unknown; choose one of: {', '.join(PRESETS)}")
     cfg = Config(preset=preset)
-    _merge_into(cfg, PRESETS[preset], f"preset {preset}")
+    _merge_into(cfg, PRESETS[preset], f"--preset {preset}")
     if file is not None:
         if not file.is_file():
             raise UserError(f"--config {file}: no such file")
@@ -217,14 +226,27 @@ def load_config(preset: str = "tiny", file: Path | None = None, overrides: list[
         for part in reversed(path[:-1]):
             nested = {part: nested}
         _merge_into(cfg, nested, f"--set {text}")
-    _merge_into(cfg, {k: v for k, v in top_level.items() if v is not None}, "option")
+    for key, value in top_level.items():
+        if value is not None:
+            _merge_into(cfg, {key: value}, {"model_source": "--model"}.get(key, f"--{key}"))
     validate_config(cfg)
     return cfg
+
+
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_run_name(name: str) -> None:
+    """A run folder is one plain name under --artifacts: no path, so no run can write outside it."""
+    if not RUN_NAME.fullmatch(name) or name.endswith(".tmp") or len(name) > 128:
+        raise UserError(f"--run {name!r}: a run name is one folder name of letters, digits, '.', '_' and '-' "
+                        "(no '/', no '..'); choose another")
 
 
 def validate_config(cfg: Config) -> None:
     """Reject values that would fail later, or silently train nonsense, with the option to fix."""
     m, d, t, e, v = cfg.model, cfg.data, cfg.train, cfg.export, cfg.validate
+    check_run_name(cfg.run_name)
     checks = [
         (m.n_layer >= 1, "model.n_layer must be at least 1"),
         (m.n_head >= 1 and m.n_embd % m.n_head == 0,

@@ -9,4 +9,9 @@ class UserError(Exception):
 
 
 class Interrupted(UserError):
-    """A long stage was stopped by a signal after saving what it needs to resume."""
+    """A long stage was stopped by a signal after saving what it needs to resume. The process exits
+    128 + the signal's number, the shell's convention (130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import shutil
 import signal
 import time
@@ -62,13 +63,22 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _ignore_stop_signals(worker_id: int) -> None:
+    """In a DataLoader worker: a SIGTERM or Ctrl-C sent to the whole process group (as `timeout` and
+    systemd send it) must not kill the worker before the main process has saved the training state;
+    the main process ends its workers itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _loader(dataset: PackedBlocks, cfg: Config, device: torch.device, start: int):
     t = cfg.train
     # its own generator: worker seeding must not draw from the global RNG that dropout uses,
     # or a resumed run would diverge from an uninterrupted one
     loader = DataLoader(dataset, batch_size=t.batch_size, sampler=ResumableSampler(len(dataset), t.seed, start),
                         num_workers=t.num_workers, pin_memory=device.type == "cuda",
-                        persistent_workers=t.num_workers > 0, generator=torch.Generator().manual_seed(t.seed))
+                        persistent_workers=t.num_workers > 0, generator=torch.Generator().manual_seed(t.seed),
+                        worker_init_fn=_ignore_stop_signals if t.num_workers > 0 else None)
     return iter(loader)
 
 
@@ -122,6 +132,9 @@ def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False
         evals.append({"step": 0, "heldout_loss": stepper.evaluate(_eval_batches(heldout_set, t.batch_size, t.eval_batches))})
 
     def save_state() -> None:
+        if not all(bool(p.isfinite().all()) for p in model.parameters()):  # never overwrite a good state with a diverged one
+            raise UserError(f"finetune: the weights are no longer finite at step {step} (the run diverged; lower "
+                            f"train.lr); {_kept(run)}")
         with atomic_dir(run.train_state) as tmp:
             torch.save({"fingerprint": stage_fp, "model": model.state_dict(), "stepper": stepper.state_dict(),
                         "step": step, "samples": samples, "history": history, "evals": evals, "rng": _rng_state()},
@@ -134,12 +147,15 @@ def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False
             if stop:
                 save_state()
                 raise Interrupted(f"finetune: stopped at step {step}/{t.steps}; state saved in {run.train_state}, "
-                                  "continue with --resume")
+                                  "continue with --resume", stop[0])
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             started = time.perf_counter()
             loss = stepper.step(batches)
             elapsed = time.perf_counter() - started
+            if not math.isfinite(loss):
+                raise UserError(f"finetune: the loss is {loss} at step {step + 1} (the run diverged; lower train.lr or "
+                                f"use train.precision=bf16); {_kept(run)}")
             step, samples = step + 1, samples + t.batch_size * t.grad_accum
             if step > 1:  # the first step pays for compilation and allocator warm-up
                 timed_tokens, timed_seconds = timed_tokens + tokens_per_step, timed_seconds + elapsed
@@ -186,11 +202,20 @@ def _write_checkpoint(model, tokenizer, folder: Path) -> None:
         tokenizer.save_pretrained(tmp)
 
 
+def _kept(run: RunDir) -> str:
+    """What a diverged run leaves: the last periodic state, if one was saved, and no checkpoint."""
+    state = run.train_state / STATE_FILE
+    if state.exists():
+        return f"the last good state is kept in {state} (--resume continues from it, --force starts over)"
+    return "no state was saved before it and no checkpoint is written"
+
+
 def _load_state(path: Path, stage_fp: str) -> dict:
     if not path.exists():
         raise UserError(f"--resume: no interrupted fine-tune in {path.parent}; run without --resume")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        # tensors and plain data only: a state file that holds anything else is refused, never run
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated or foreign file surfaces as many exception types
         raise UserError(f"{path}: unreadable training state ({type(e).__name__}); rerun with --force") from None
     if state.get("fingerprint") != stage_fp:

@@ -13,10 +13,9 @@ import numpy as np
 import torch
 from rich.table import Table
 
-from pipeline.artifacts import RunDir, atomic_write_json, sha256_file
+from pipeline.artifacts import RunDir, atomic_write_json
 from pipeline.config import Config
 from pipeline.data import heldout_blocks, prepare_data
-from pipeline.engines.metadata import EngineMeta, plans_for
 from pipeline.errors import UserError
 from pipeline.metrics import check, measure
 from pipeline.model import load_checkpoint
@@ -36,29 +35,6 @@ class Row:
     failures: list[str] = field(default_factory=list)
 
 
-def check_provenance(run: RunDir, backend: str, precision: str) -> None:
-    """A graph must be the one export wrote, from the checkpoint that is there now; an engine must
-    have been built from that graph. Missing artifacts are left to the backend to report."""
-    manifest = run.manifest()
-    path = run.onnx(precision) / "model.onnx"
-    if not path.exists():
-        return
-    entry = manifest["stages"].get(f"export-{precision}")
-    redo = "; rerun `gpt2-deploy export --force`"
-    if entry is None:
-        raise UserError(f"{path}: not recorded in {run.manifest_path} (an export that did not finish?){redo}")
-    if entry.get("checkpoint") != run.artifact_hashes("finetune"):
-        raise UserError(f"{path}: exported from another checkpoint than {run.checkpoint}{redo}")
-    recorded = manifest["artifacts"].get(f"onnx/{precision}/model.onnx", {}).get("sha256")
-    if recorded != sha256_file(path):
-        raise UserError(f"{path}: does not match the sha256 in {run.manifest_path}{redo}")
-    if backend == "trt":
-        for plan in plans_for(run.engines, precision):
-            if EngineMeta.read(plan.with_suffix(".json")).onnx_sha256 != recorded:
-                raise UserError(f"{plan}: built from another {precision} graph than the one exported now; "
-                                "rerun `gpt2-deploy build-engine --force`")
-
-
 def validate(cfg: Config, run: RunDir, device: torch.device, pairs: list[tuple[str, str]] | None = None,
              polygraphy: bool = False) -> dict:
     model = load_checkpoint(run.checkpoint)
@@ -74,8 +50,6 @@ def validate(cfg: Config, run: RunDir, device: torch.device, pairs: list[tuple[s
     reference = measure(open_backend(run, "torch", "fp32", device, model), prompts, v.new_tokens, blocks)
     rows = []
     for name, precision in progress(pairs or default_matrix(), total=len(pairs or default_matrix()), description="validate"):
-        if name in ("ort", "trt"):
-            check_provenance(run, name, precision)
         try:
             backend = open_backend(run, name, precision, device)  # a fresh model: torch backends cast theirs
         except BackendUnavailable as e:

@@ -3,74 +3,232 @@
     GET  /health      what is loaded (backend, precision, device, context limit)
     POST /generate    {"prompt": "..." | ["...", ...], "max_new_tokens": 32, "do_sample": false, ...}
                       -> {"completions": [...], "tokens": [[...]], "usage": {...}}
-                      with "stream": true: server-sent events, one per step, then `event: done`
+                      with "stream": true: server-sent events, one per step with each row's new
+                      token and new text, then `event: done`
 
-One backend holds one KV cache, so requests are served one at a time (a lock), each in a worker
-thread so the event loop stays responsive; several prompts in one request are batched together."""
+One worker thread owns the backend and its KV cache and serves the requests waiting in a bounded
+queue one at a time (the prompts of one request are batched together). The event loop never
+tokenises or waits on the device: it only hands requests over and relays their tokens. A request
+whose client goes away, or that outlives its time limit, is cancelled: the worker stops it at the
+next step and takes the next request."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.errors import UserError
 from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.session import Session
 
-MAX_PROMPTS = 64  # one request's batch
+DISCONNECT_POLL_S = 0.25
+
+
+class QueueFull(Exception):
+    """The waiting queue is at its cap (429)."""
+
+
+class TimedOut(Exception):
+    """A request ran past Limits.timeout_s (504)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_prompts: int = 64  # one request's batch
+    body_bytes: int = 1 << 20  # larger request bodies get 413 before they are read whole
+    queue: int = 64  # requests waiting beyond the one running get 429
+    timeout_s: float = 120.0  # a request still running after this is cancelled (504)
 
 
 class GenerateRequest(BaseModel):
+    # strict: "yes" is not a bool nor true an int; NaN and Infinity are not numbers; unknown fields are errors
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     prompt: str | list[str]
     max_new_tokens: int = Field(32, ge=1)
     do_sample: bool = False
-    temperature: float = 1.0
+    temperature: float = Field(1.0, ge=0)
     top_k: int = Field(0, ge=0)
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
+    top_p: float = Field(1.0, gt=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0)
+    seed: int | None = Field(None, ge=0, lt=2**63)
     stream: bool = False
 
 
-def create_app(session: Session) -> FastAPI:
-    app = FastAPI(title="gpt2-deploy", version="0.1.0")
-    lock = threading.Lock()
-    backend = session.backend
+@dataclass
+class Job:
+    """One request, handed from the event loop to the worker. Steps come back through `deliver`
+    (each a list of the rows' tokens), then None when done, or the exception that ended it."""
+    ids: list[list[int]]
+    sampling: Sampling
+    deliver: Callable[[object], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
-    def prepare(req: GenerateRequest) -> tuple[list[str], list[list[int]], Sampling]:
+
+class Worker:
+    """The one thread that runs the backend, one job at a time."""
+
+    def __init__(self, session: Session, limits: Limits):
+        self.session, self.jobs = session, queue.Queue(maxsize=limits.queue)
+        threading.Thread(target=self.run, name="generation", daemon=True).start()
+
+    def submit(self, job: Job) -> None:
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            raise QueueFull from None
+
+    def run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job.cancelled.is_set():
+                continue
+            try:
+                for token in self.session.generator().stream(job.ids, job.sampling):
+                    if job.cancelled.is_set():
+                        break
+                    job.deliver(token.tolist())
+                job.deliver(None)
+            except Exception as e:  # handed to the request that caused it; the worker goes on
+                job.deliver(e)
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+          headers: dict | None = None) -> JSONResponse:
+    """An error shaped like OpenAI's; the message is made safe to encode whatever the request held."""
+    safe = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return JSONResponse(status_code=status, headers=headers,
+                        content={"error": {"message": safe, "type": kind, "param": param, "code": None}})
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes gets 413, by its Content-Length before
+    anything is read, or, for a body without one (chunked), as soon as what arrived passes the limit;
+    such a body is read here and handed on whole."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        too_large = error(413, f"the request body is over {self.limit} bytes; send a smaller one", param="body")
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            if not length.isdigit() or int(length) > self.limit:
+                return await too_large(scope, receive, send)
+            return await self.app(scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left
+                return
+            chunks.append(message.get("body", b""))
+            size, more = size + len(chunks[-1]), message.get("more_body", False)
+            if size > self.limit:
+                return await too_large(scope, receive, send)
+        body = b"".join(chunks)
+
+        async def replay():
+            nonlocal body
+            if body is None:
+                return await receive()  # after the body: wait for the client's disconnect
+            message, body = {"type": "http.request", "body": body, "more_body": False}, None
+            return message
+
+        await self.app(scope, replay, send)
+
+
+def create_app(session: Session, limits: Limits = Limits(), docs: bool = False) -> FastAPI:
+    app = FastAPI(title="gpt2-deploy", version="0.1.0", docs_url="/docs" if docs else None, redoc_url=None,
+                  openapi_url="/openapi.json" if docs else None)
+    app.add_middleware(BodyLimit, limit=limits.body_bytes)
+    backend, worker = session.backend, Worker(session, limits)
+
+    def prepare(req: GenerateRequest) -> tuple[list[list[int]], Sampling]:
+        """Tokens and sampling of a request, or a UserError; run off the event loop (tokenising takes time)."""
         prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
-        if not prompts or len(prompts) > MAX_PROMPTS:
-            raise UserError(f"prompt: give 1 to {MAX_PROMPTS} prompts")
-        ids = [session.encode(p) for p in prompts]
+        if not 1 <= len(prompts) <= limits.max_prompts:
+            raise UserError(f"prompt: give 1 to {limits.max_prompts} prompts")
+        ids = [session.encode(p, f"prompt {i}") for i, p in enumerate(prompts)]
         sampling = Sampling(max_new_tokens=req.max_new_tokens, do_sample=req.do_sample, temperature=req.temperature,
-                     top_k=req.top_k, top_p=req.top_p, repetition_penalty=req.repetition_penalty, seed=req.seed,
-                     stop_tokens=(session.eos,))
+                            top_k=req.top_k, top_p=req.top_p, repetition_penalty=req.repetition_penalty,
+                            seed=req.seed, stop_tokens=(session.eos,))
         sampling.check()
         for i, p in enumerate(ids):
             if not p:
                 raise UserError(f"prompt {i} is empty")
         session.generator().check_length(max(map(len, ids)), sampling.max_new_tokens)
-        return prompts, ids, sampling
+        return ids, sampling
 
-    def generate_locked(ids: list[list[int]], sampling: Sampling) -> list[list[int]]:
-        with lock:
-            return session.generator().generate(ids, sampling)
+    def submit(ids: list[list[int]], sampling: Sampling) -> tuple[Job, asyncio.Queue]:
+        """Queue a job for the worker (QueueFull when the queue is at its cap), before any reply starts."""
+        loop, results = asyncio.get_running_loop(), asyncio.Queue()
+        job = Job(ids, sampling, lambda item: loop.call_soon_threadsafe(results.put_nowait, item))
+        worker.submit(job)
+        return job, results
 
-    def steps(ids: list[list[int]], sampling: Sampling) -> Iterator[list[int]]:
-        with lock:
-            for token in session.generator().stream(ids, sampling):
-                yield token.tolist()
+    async def steps(job: Job, results: asyncio.Queue, request: Request | None) -> AsyncIterator[list[int]]:
+        """The job's steps as the worker delivers them. The job is cancelled when the consumer stops (a
+        streaming reply whose client left), when `request`'s client leaves (looked at every
+        DISCONNECT_POLL_S), or when the time limit passes."""
+        deadline = time.monotonic() + limits.timeout_s
+        polled = time.monotonic()
+        try:
+            while True:
+                now = time.monotonic()
+                if now > deadline:
+                    raise TimedOut
+                if request is not None and now - polled > DISCONNECT_POLL_S:
+                    polled = now
+                    if await request.is_disconnected():
+                        return
+                try:
+                    item = await asyncio.wait_for(results.get(), timeout=min(DISCONNECT_POLL_S, deadline - now))
+                except asyncio.TimeoutError:
+                    continue
+                if item is None:
+                    return
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            job.cancelled.set()
 
     @app.exception_handler(UserError)
     async def user_error(_, exc: UserError):
-        return JSONResponse(status_code=400, content={"error": str(exc)})
+        return error(400, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_, exc: RequestValidationError):
+        # the fields and what is wrong with them, never the values: those may not even be encodable
+        problems = ["{}: {}".format(".".join(str(p) for p in e["loc"] if p != "body") or "body", e["msg"])
+                    for e in exc.errors()]
+        first = exc.errors()[0]["loc"] if exc.errors() else ()
+        return error(422, "; ".join(problems), param=".".join(str(p) for p in first if p != "body") or None)
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(_, exc: QueueFull):
+        return error(429, f"{limits.queue} requests are already waiting; retry shortly", kind="rate_limit_error",
+                     headers={"Retry-After": "1"})
+
+    @app.exception_handler(TimedOut)
+    async def timed_out(_, exc: TimedOut):
+        return error(504, f"the request ran past the server's limit of {limits.timeout_s:g} s and was stopped",
+                     kind="timeout_error")
+
+    @app.exception_handler(Exception)
+    async def internal(_, exc: Exception):
+        return error(500, f"internal error ({type(exc).__name__}); the server log has the details", kind="server_error")
 
     @app.get("/health")
     def health():
@@ -78,12 +236,19 @@ def create_app(session: Session) -> FastAPI:
                 "device": str(backend.device), "context": backend.n_positions}
 
     @app.post("/generate")
-    async def generate(req: GenerateRequest):
-        prompts, ids, sampling = prepare(req)
+    async def generate(req: GenerateRequest, request: Request):
+        ids, sampling = await asyncio.to_thread(prepare, req)
+        job, results = submit(ids, sampling)
         if req.stream:
-            return StreamingResponse(_events(steps(ids, sampling), session.decode), media_type="text/event-stream")
+            # a streaming reply learns of a departed client when it sends: steps is then closed
+            return StreamingResponse(events(steps(job, results, None), session.decode),
+                                     media_type="text/event-stream")
         started = time.perf_counter()
-        rows = await asyncio.to_thread(generate_locked, ids, sampling)
+        rows: list[list[int]] = [[] for _ in ids]
+        async for step in steps(job, results, request):
+            for row, token in zip(rows, step):
+                row.append(token)
+        rows = [row[:next((i + 1 for i, t in enumerate(row) if t == session.eos), len(row))] for row in rows]
         return {"completions": [session.decode(r) for r in rows], "tokens": rows,
                 "usage": {"prompt_tokens": sum(map(len, ids)), "completion_tokens": sum(map(len, rows)),
                           "seconds": round(time.perf_counter() - started, 4)},
@@ -92,12 +257,24 @@ def create_app(session: Session) -> FastAPI:
     return app
 
 
-def _events(steps: Iterator[list[int]], decode) -> Iterator[str]:
-    """One server-sent event per step: the new token of every row and every row's text so far."""
+async def events(steps: AsyncIterator[list[int]], decode: Callable[[list[int]], str]) -> AsyncIterator[str]:
+    """One server-sent event per step: each row's new token and the text it adds (a token that ends
+    inside a multi-byte character adds its text with the token that completes it), then `done`."""
     rows: list[list[int]] = []
-    for step in steps:
-        rows = rows or [[] for _ in step]
-        for row, token in zip(rows, step):
-            row.append(token)
-        yield f"data: {json.dumps({'tokens': step, 'texts': [decode(r) for r in rows]})}\n\n"
+    sent: list[int] = []
+    try:
+        async for step in steps:
+            if not rows:
+                rows, sent = [[] for _ in step], [0] * len(step)
+            texts = []
+            for i, token in enumerate(step):
+                rows[i].append(token)
+                text = decode(rows[i])
+                complete = len(text) - 1 if text.endswith("\ufffd") else len(text)
+                texts.append(text[sent[i]:complete])
+                sent[i] = max(sent[i], complete)
+            yield f"data: {json.dumps({'tokens': step, 'text': texts})}\n\n"
+    except (UserError, TimedOut) as e:  # the reply has started: the error goes in the stream
+        yield f"event: error\ndata: {json.dumps({'error': {'message': str(e), 'type': type(e).__name__}})}\n\n"
+        return
     yield "event: done\ndata: {}\n\n"

@@ -36,3 +36,21 @@ def test_manifest_freshness_detects_changes(tmp_path):
     assert not run.is_fresh("stage", fp)
     run.forget("stage")
     assert run.artifact_hashes("stage") == {}
+
+
+def test_a_stage_start_removes_what_a_killed_write_left(tmp_path):
+    """kill -9 during an atomic write leaves its temporary file or folder; the next stage that
+    writes to the run folder removes them, and nothing else."""
+    run = RunDir(tmp_path / "run")
+    (run.root / "onnx" / ".fp32.k2j3.tmp").mkdir(parents=True)
+    (run.root / "onnx" / ".fp32.k2j3.tmp" / "model.onnx").write_bytes(b"partial")
+    (run.root / ".train_state.x81.tmp").mkdir()
+    (run.root / ".manifest.json.abc.tmp").write_text("{")
+    (run.root / ".checkpoint.old-4242").mkdir()
+    kept = [run.root / "onnx" / "fp32" / "model.onnx", run.root / ".hidden", run.root / "notes.tmp"]
+    for path in kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("mine")
+    run.ensure_writable()
+    left = sorted(p.relative_to(run.root).as_posix() for p in run.root.rglob("*"))
+    assert left == [".hidden", "notes.tmp", "onnx", "onnx/fp32", "onnx/fp32/model.onnx"]

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -87,3 +88,34 @@ def test_validate_exits_non_zero_over_budget(exported_run, tmp_path):
                                             "--set", "validate.budgets.int8.max_rel_error=1e-12"))
     assert strict.exit_code == 1 and "exceed their accuracy budget" in strict.output
     assert "ort int8 fail: relative logits error" in strict.output
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line(exported_run):
+    """Bytes that are not UTF-8 on the command line reach Python as lone surrogates."""
+    import subprocess
+    import sys
+
+    cfg, run, _ = exported_run
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", *_stage_args("generate", cfg, run, "x")[:1], b"caf\xe9",
+                           *_stage_args("generate", cfg, run, "x")[2:]], capture_output=True)
+    assert done.returncode == 1 and b"Traceback" not in done.stdout + done.stderr
+    assert b"error: prompt 1 is not valid UTF-8 text" in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_a_graph_that_export_did_not_write_is_refused(exported_run, tmp_path, command):
+    """The int8-wo graph copied into the fp32 slot, or a truncated graph: generate and bench refuse it in
+    one line rather than run it (or report it) as fp32."""
+    import shutil
+
+    from tests.conftest import copy_run
+    cfg, run, _ = exported_run
+    run = copy_run(run, tmp_path / "run")
+    extra = ("Hi",) if command == "generate" else ("--batch", "1", "--new-tokens", "2", "--repeats", "1")
+    args = _stage_args(command, cfg, run, *extra, "--backend", "ort", "--precision", "fp32")
+    shutil.copy(run.onnx("int8-wo") / "model.onnx", run.onnx("fp32") / "model.onnx")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "not the fp32 graph export wrote" in result.output, result.output
+    (run.onnx("fp32") / "model.onnx").write_bytes(b"\x08\x07not onnx")
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "rerun `gpt2-deploy export --force`" in result.output and "Traceback" not in result.output

@@ -23,7 +23,7 @@ def test_toml_file_then_overrides(tmp_path):
     ("train.lr=-1", "train.lr must be positive"),
     ("data.block_size=4096", "data.block_size (4096) must be in (1, model.n_positions=256]"),
     ("train.precision=fp8", "train.precision 'fp8': choose one of"),
-    ("train.nope=1", "unknown key 'nope'"),
+    ("train.nope=1", "unknown key 'train.nope'"),
     ("train.steps=many", "'many' is not a valid int"),
     ("model.n_head=3", "multiple of model.n_head"),
     ("export.precisions=fp32,int4", "export.precisions"),
@@ -44,3 +44,28 @@ def test_unknown_preset_and_missing_or_bad_file(tmp_path):
     bad.write_text("[train\nlr=")
     with pytest.raises(UserError, match="not valid TOML"):
         load_config("tiny", bad)
+
+
+@pytest.mark.parametrize("how", ["option", "set", "toml"])
+@pytest.mark.parametrize("name", ["../../x", "/abs/path", "a/b", "..", ".hidden", "x.tmp"])
+def test_a_run_folder_cannot_leave_the_artifacts_folder(tmp_path, how, name):
+    if how == "option":
+        call = lambda: load_config("tiny", run=name)  # noqa: E731
+    elif how == "set":
+        call = lambda: load_config("tiny", overrides=[f"run={name}"])  # noqa: E731
+    else:
+        (tmp_path / "c.toml").write_text(f"run = {name!r}\n")
+        call = lambda: load_config("tiny", tmp_path / "c.toml")  # noqa: E731
+    with pytest.raises(UserError, match="a run name is one folder name"):
+        call()
+
+
+def test_error_labels_name_the_source_and_the_key_apart(tmp_path):
+    with pytest.raises(UserError, match=r"^--set train.steps=abc: train.steps = 'abc' is not a valid int$"):
+        load_config("tiny", overrides=["train.steps=abc"])
+    (tmp_path / "badtype.toml").write_text('[train]\nsteps = "x"\n')
+    with pytest.raises(UserError, match=r"badtype.toml: train.steps = 'x' is not a valid int$"):
+        load_config("tiny", tmp_path / "badtype.toml")
+    for value in ("inf", "nan", "-inf"):
+        with pytest.raises(UserError, match=f"train.lr = '{value}' is not a finite number"):
+            load_config("tiny", overrides=[f"train.lr={value}"])

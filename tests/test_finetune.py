@@ -97,3 +97,53 @@ def test_start_from_a_pretrained_folder(micro_config, tmp_path):
     report = finetune(cfg, RunDir(tmp_path / "second"))
     assert report["heldout_loss_start"] == pytest.approx(
         json.loads((first.reports / "finetune.json").read_text())["heldout_loss_final"], rel=0.2)
+
+
+def test_a_crafted_state_file_is_refused_and_never_runs(micro_config, tmp_path):
+    """--resume loads tensors and plain data only: a pickle that would run code is refused by name."""
+    run = RunDir(tmp_path / "run")
+    with pytest.raises(Interrupted):
+        finetune(micro_config(), run, on_step=lambda step: step == 2 and os.kill(os.getpid(), signal.SIGINT))
+    marker = tmp_path / "payload-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"fingerprint": "x", "payload": Payload()}, run.train_state / "state.pt")
+    with pytest.raises(UserError, match=r"state.pt: unreadable training state \(UnpicklingError\)"):
+        finetune(micro_config(), run, resume=True)
+    assert not marker.exists()
+
+
+def test_a_diverging_run_stops_and_writes_no_checkpoint(micro_config, tmp_path):
+    """A learning rate that blows the weights up: the run stops at the first non-finite loss, with
+    one line that says what to change, and leaves no checkpoint of NaN weights."""
+    run = RunDir(tmp_path / "run")
+    with pytest.raises(UserError, match=r"the loss is (nan|inf) at step \d+ \(the run diverged; lower train.lr"):
+        finetune(micro_config("train.lr=1e30", "train.grad_clip=0", "train.warmup_steps=0"), run)
+    assert not run.checkpoint.exists() and "finetune" not in json.loads(run.manifest_path.read_text())["stages"]
+
+
+def test_sigterm_to_the_process_group_saves_the_state_and_exits_143(corpus_file, tmp_path):
+    """What `timeout` and a default systemd stop do: SIGTERM to the main process and its DataLoader
+    worker at once. The worker must outlive the main process's state save."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import MICRO
+    cmd = [sys.executable, "-m", "pipeline.cli", "finetune", "--artifacts", str(tmp_path), "--run", "run",
+           *[a for s in MICRO for a in ("--set", s)], "--set", f"data.source={corpus_file}", "--set", "train.steps=100000",
+           "--set", "train.num_workers=1", "--set", "train.save_interval=100000", "--set", "train.eval_interval=100000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    manifest, deadline = tmp_path / "run" / "manifest.json", time.monotonic() + 120
+    while not (manifest.exists() and '"data"' in manifest.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # training steps, its worker started
+    os.killpg(proc.pid, signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 143, out
+    assert "state saved" in out and "Traceback" not in out
+    state = torch.load(tmp_path / "run" / "train_state" / "state.pt", weights_only=True)
+    assert state["step"] > 0

@@ -14,7 +14,6 @@ from pipeline.artifacts import (
     atomic_write_json,
     atomic_write_text,
     fingerprint,
-    sha256_file,
 )
 from pipeline.config import Config
 from pipeline.contract import Contract, check_graph
@@ -103,10 +102,10 @@ def build_engines(cfg: Config, run: RunDir, precisions: list[str] | None, flavou
         onnx_path = run.onnx(precision) / "model.onnx"
         if not onnx_path.exists():
             raise UserError(f"{onnx_path}: no such graph; run `gpt2-deploy export --precision {precision}`")
+        onnx_sha = run.require_exported(precision)
         check_onnx(onnx_path, contract)
         name = plan_name(flavour, precision, targets)
         stage = f"engine-{name}"
-        onnx_sha = sha256_file(onnx_path)
         stage_fp = fingerprint(onnx_sha, profile, flavour.name, trt.__version__, targets, cfg.engine.optimization_level)
         if not force and run.is_fresh(stage, stage_fp):
             console.print(f"build-engine: engines/{name}.plan is up to date")

@@ -3,7 +3,8 @@ saying why it cannot run here.
 
 This is the one place that knows which backend runs which precision from which artifact; the CLI's
 choices, config validation, the validate and bench matrices, and every stage that opens a backend
-read it. Adding a backend is a row in BACKENDS."""
+read it. Adding a backend is a row in BACKENDS. A backend that runs an exported graph or an engine
+runs only the one export (and build-engine) made from the checkpoint that is there now."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from transformers import GPT2Config
 
 from pipeline.artifacts import RunDir
 from pipeline.contract import Contract
+from pipeline.engines.metadata import EngineMeta, plans_for
+from pipeline.errors import UserError
 from pipeline.model import load_checkpoint, require_checkpoint
 from pipeline.precisions import PRECISIONS
 from pipeline.runtime.backend import Backend, BackendUnavailable
@@ -29,6 +32,13 @@ class BackendSpec:
     open: Callable[..., Backend]  # (run, precision, device, model or None) -> Backend
     summary: str  # for help texts
     matrix: tuple[str, ...] | None = None  # the precisions validate and bench run it in (None: all it runs)
+
+    def verify(self, run: RunDir, precision: str) -> None:
+        """Refuse an artifact that is not the one this run's stages made (a UserError, whatever the device)."""
+        if self.reads == "onnx":
+            run.require_exported(precision)
+        elif self.reads == "engine":
+            require_built(run, precision)
 
 
 def _torch_opener(name: str) -> Callable[..., Backend]:
@@ -79,6 +89,15 @@ BACKENDS: dict[str, BackendSpec] = {b.name: b for b in (
 )}
 
 
+def require_built(run: RunDir, precision: str) -> None:
+    """The graph is export's (RunDir.require_exported), and every engine of its precision was built from it."""
+    graph = run.require_exported(precision)
+    for plan in plans_for(run.engines, precision):
+        if graph and EngineMeta.read(plan.with_suffix(".json")).onnx_sha256 != graph:
+            raise UserError(f"{plan}: built from another {precision} graph than the one exported now; "
+                            "rerun `gpt2-deploy build-engine --force`")
+
+
 def onnx_path(run: RunDir, precision: str):
     path = run.onnx(precision) / "model.onnx"
     if not path.exists():
@@ -107,6 +126,7 @@ def open_backend(run: RunDir, name: str, precision: str, device: torch.device, m
     if precision not in spec.precisions:
         runners = [b.name for b in BACKENDS.values() if precision in b.precisions]
         raise BackendUnavailable(f"{name} runs {'/'.join(spec.precisions)}; {precision} runs on {' or '.join(runners)}")
+    spec.verify(run, precision)
     if device.type not in spec.devices:
         raise BackendUnavailable(f"{name} runs on a CUDA GPU (its kernels or engines are built for one); "
                                  f"this run is on the {device.type.upper()}")

@@ -3,6 +3,7 @@ penalty, reproducible under a seed."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -22,16 +23,22 @@ class Sampling:
     stop_tokens: tuple[int, ...] = ()
 
     def check(self) -> None:
+        """Reject settings that would fail or silently misbehave, naming the option (NaN passes every
+        comparison as false, so each range is written to admit only what it names)."""
         if self.max_new_tokens < 1:
             raise UserError(f"--max-new-tokens {self.max_new_tokens}: must be at least 1")
-        if self.do_sample and self.temperature <= 0:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise UserError(f"--temperature {self.temperature}: must be a finite number >= 0")
+        if self.do_sample and not self.temperature > 0:
             raise UserError(f"--temperature {self.temperature}: must be > 0 when sampling (use greedy decoding instead)")
         if not 0 < self.top_p <= 1:
             raise UserError(f"--top-p {self.top_p}: must be in (0, 1]")
         if self.top_k < 0:
             raise UserError(f"--top-k {self.top_k}: must be 0 (off) or positive")
-        if self.repetition_penalty <= 0:
-            raise UserError(f"--repetition-penalty {self.repetition_penalty}: must be positive (1 = off)")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise UserError(f"--repetition-penalty {self.repetition_penalty}: must be a finite number > 0 (1 = off)")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise UserError(f"--seed {self.seed}: must be in [0, 2^63)")
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:

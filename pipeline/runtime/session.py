@@ -28,7 +28,13 @@ class Session:
     def generator(self) -> Generator:
         return Generator(self.backend, self.eos)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, what: str = "the prompt") -> list[int]:
+        """Token ids of text, or a UserError naming `what` when it is not text a tokenizer can take
+        (lone surrogates: bytes that were not UTF-8 on a command line, or escapes in JSON)."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise UserError(f"{what} is not valid UTF-8 text (at character {e.start}); give it as UTF-8") from None
         return self.tokenizer(text)["input_ids"]
 
     def decode(self, tokens: list[int]) -> str:
@@ -48,12 +54,12 @@ def open_session(run: RunDir, backend: str, precision: str, device: torch.device
 def print_generation(session: Session, prompts: list[str], sampling: Sampling) -> None:
     """Generate from the prompts as one batch, streaming the first prompt's text as it comes and
     printing the others' once done."""
-    ids = [session.encode(p) for p in prompts]
+    ids = [session.encode(p, f"prompt {i + 1}") for i, p in enumerate(prompts)]
     rows: list[list[int]] = [[] for _ in ids]
     shown = ""
     steps = session.generator().stream(ids, sampling)
     first = next(steps)  # a bad request (an empty or too long prompt) fails here, before any output
-    print(prompts[0], end="", flush=True)
+    print(prompts[0], end="", flush=True)  # valid UTF-8: encode checked it
     for step in itertools.chain([first], steps):
         for row, token in zip(rows, step.tolist()):
             row.append(token)

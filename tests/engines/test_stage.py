@@ -52,15 +52,19 @@ def test_bad_inputs_are_refused(engines, tmp_path):
     truncated = copy_run(run, tmp_path / "truncated")
     path = truncated.onnx("fp16") / "model.onnx"
     path.write_bytes(path.read_bytes()[:5000])
-    with pytest.raises(UserError, match="not a readable ONNX file"):
+    with pytest.raises(UserError, match=r"not the fp16 graph export wrote .*export --force"):
         build_engines(cfg, truncated, ["fp16"], "tensorrt_rtx", ["sm86"])
     foreign = copy_run(run, tmp_path / "foreign")
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
                               [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
     onnx.save(helper.make_model(graph), foreign.onnx("fp32") / "model.onnx")
-    with pytest.raises(UserError, match="not a graph of this pipeline's contract .*missing input_ids"):
+    with pytest.raises(UserError, match=r"not the fp32 graph export wrote .*export --force"):
         build_engines(cfg, foreign, ["fp32"], "tensorrt_rtx", ["sm86"])
+    swapped = copy_run(run, tmp_path / "swapped")  # another precision's graph in the fp32 slot
+    swapped.onnx("fp32").joinpath("model.onnx").write_bytes(swapped.onnx("int8-wo").joinpath("model.onnx").read_bytes())
+    with pytest.raises(UserError, match=r"not the fp32 graph export wrote"):
+        build_engines(cfg, swapped, ["fp32"], "tensorrt_rtx", ["sm86"], force=True)
     blocked = copy_run(run, tmp_path / "blocked")
     import shutil
     shutil.rmtree(blocked.engines)

@@ -2,10 +2,13 @@
 port, real requests, answers checked against the runtime called directly."""
 
 import json
+import random
 import socket
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,31 +30,53 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(exported_run):
-    cfg, run, _ = exported_run
+def start_server(run, log: Path, *options: str):
+    """`gpt2-deploy serve` on the micro model in its own process; (process, url) once /health answers."""
     port = _free_port()
     cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--artifacts", str(run.root.parent), "--run", run.root.name,
-           "--device", "cpu", "--backend", "ort", "--precision", "fp32", "--port", str(port), "--set", "model.n_positions=256"]
+           "--device", "cpu", "--backend", "ort", "--precision", "fp32", "--port", str(port), "--set", "model.n_positions=256",
+           *options]
     for s in MICRO:
         cmd += ["--set", s]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"server exited: {proc.stdout.read()}")
+            pytest.fail(f"server exited: {log.read_text()}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
+                return proc, url
         except httpx.TransportError:
             time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("server did not answer /health in time")
-    yield url, run
+    proc.kill()
+    pytest.fail("server did not answer /health in time")
+
+
+def stop_server(proc) -> int:
     proc.terminate()
-    proc.wait(timeout=30)
+    return proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(exported_run, tmp_path_factory):
+    _, run, _ = exported_run
+    proc, url = start_server(run, tmp_path_factory.mktemp("serve") / "server.log")
+    yield url, run
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def tight_server(exported_run, tmp_path_factory):
+    """One request waiting at most, one second a request, 4 KiB bodies."""
+    _, run, _ = exported_run
+    proc, url = start_server(run, tmp_path_factory.mktemp("serve") / "tight.log", "--queue", "1", "--timeout", "1",
+                             "--max-body", "4096")
+    yield url
+    stop_server(proc)
+
+
+LONG = {"prompt": ["The module"] * 64, "max_new_tokens": 240}  # seconds of work for the micro model on a CPU
 
 
 def test_health_says_what_is_loaded(server):
@@ -92,9 +117,20 @@ def test_stream_sends_one_event_per_step_then_done(server):
     assert lines[-2:] == ["event: done", "data: {}"]
 
 
+def test_stream_events_carry_only_the_new_text(server):
+    """Each event holds the text its token adds, so the events add up to the whole completion."""
+    url, _ = server
+    request = {"prompt": ["Return the number of", "This"], "max_new_tokens": 24}
+    whole = httpx.post(f"{url}/generate", json=request, timeout=60).json()["completions"]
+    with httpx.stream("POST", f"{url}/generate", json={**request, "stream": True}, timeout=60) as reply:
+        data = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {\"tokens\"")]
+    assert ["".join(d["text"][row] for d in data) for row in range(2)] == whole
+    assert max(len(t) for d in data for t in d["text"]) < max(map(len, whole))
+
+
 @pytest.mark.parametrize("request_body, status, message", [
     ({"prompt": ""}, 400, "prompt 0 is empty"),
-    ({"prompt": "hi", "top_p": 1.5}, 400, "--top-p 1.5"),
+    ({"prompt": "hi", "top_p": 1.5}, 422, "top_p: Input should be less than or equal to 1"),
     ({"prompt": "hi", "do_sample": True, "temperature": 0}, 400, "must be > 0 when sampling"),
     ({"prompt": "hi", "max_new_tokens": 5000}, 400, "exceeds the model's context of 256"),
     ({"prompt": "hi", "max_new_tokens": 0}, 422, "greater than or equal to 1"),
@@ -104,3 +140,109 @@ def test_bad_requests_get_a_clear_error(server, request_body, status, message):
     url, _ = server
     reply = httpx.post(f"{url}/generate", json=request_body, timeout=30)
     assert reply.status_code == status and message in reply.text
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ('{"prompt": "hi", "temperature": NaN, "do_sample": true}', 422, "temperature: Input should be a finite number"),
+    ('{"prompt": "hi", "temperature": Infinity}', 422, "temperature: Input should be a finite number"),
+    ('{"prompt": "hi", "top_p": NaN}', 422, "top_p"),
+    ('{"prompt": "\\ud800"}', 400, "prompt 0 is not valid UTF-8"),
+    ('{"prompt": "hi \\udcff"}', 400, "prompt 0 is not valid UTF-8"),
+    ('{"prompt": "\\ud800", "\\ud800": NaN}', 422, "Input should be"),
+    ('{"prompt": "hi", "seed": 18446744073709551616}', 422, "seed: Input should be less than"),
+    ('{"prompt": "hi", "do_sample": "yes"}', 422, "do_sample: Input should be a valid boolean"),
+    ('{"prompt": "hi", "max_new_tokens": true}', 422, "max_new_tokens: Input should be a valid integer"),
+    ('{"prompt": "hi", "max_tokens": 4}', 422, "max_tokens: Extra inputs are not permitted"),
+    ('{"prompt": "hi", "repetition_penalty": 1e999}', 422, "repetition_penalty: Input should be a finite number"),
+    ('{"prompt": "hi"', 422, "JSON decode error"),
+    ('[1, 2]', 422, "Input should be a valid dictionary"),
+])
+def test_hostile_values_get_a_4xx_naming_the_field(server, body, status, message):
+    url, _ = server
+    reply = httpx.post(f"{url}/generate", content=body.encode("utf-8"), headers={"content-type": "application/json"},
+                       timeout=30)
+    assert reply.status_code == status and message in reply.json()["error"]["message"], reply.text
+
+
+def test_bounded_fuzz_never_gets_a_5xx_and_health_stays_up(server):
+    """Random and hostile bodies (wrong types, huge and non-finite numbers, lone surrogates, deep
+    nesting, large bodies): every reply is a 4xx or a 200, and /health answers throughout."""
+    url, _ = server
+    rng = random.Random(0)
+    values = [None, True, "yes", -1, 0, 2**64, -2**70, 1e308, 1.5, "NaN", [], {}, [1, "a"], "\ud800", "x" * 5000,
+              {"a": [{"b": None}]}, "\u0000", 0.0, -0.0]
+    keys = ["prompt", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed",
+            "stream", "extra", "\udcff"]
+    raw = ['{"prompt": "hi", "temperature": NaN}', '{"prompt": "hi", "top_k": -Infinity}', '{"prompt": "\\ud800x"}',
+           '{' * 5000, '"just a string"', 'null', '{"prompt": ["a", "\\udfff"]}', '{"prompt": "hi", "seed": 1e400}']
+    bodies = [r.encode() for r in raw]
+    for _ in range(150):
+        body = {k: rng.choice(values) for k in rng.sample(keys, rng.randint(0, 5))}
+        if rng.random() < 0.6:
+            body["prompt"] = rng.choice(["hi", ["a", "b"], "", "\ud800", 7])
+        bodies.append(json.dumps(body).encode())
+    bodies.append(b'{"prompt": "' + b"a" * (2 << 20) + b'"}')  # over the body cap
+    for i, body in enumerate(bodies):
+        reply = httpx.post(f"{url}/generate", content=body, headers={"content-type": "application/json"}, timeout=60)
+        assert reply.status_code < 500, (body[:200], reply.text)
+        if i % 20 == 0:
+            assert httpx.get(f"{url}/health", timeout=2).status_code == 200
+
+
+def test_a_dropped_stream_frees_the_server_at_once(server):
+    """A client reads three events of a long stream and drops the connection: the next request is
+    answered as if the server were idle."""
+    url, _ = server
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", f"{url}/generate", json={**LONG, "stream": True}) as reply:
+            events = 0
+            for line in reply.iter_lines():
+                events += line.startswith("data: {")
+                if events == 3:
+                    break
+    started = time.monotonic()
+    reply = httpx.post(f"{url}/generate", json={"prompt": "hi", "max_new_tokens": 2}, timeout=30)
+    assert reply.status_code == 200 and time.monotonic() - started < 1.0
+
+
+def test_a_client_that_gives_up_frees_the_server(server):
+    url, _ = server
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/generate", json=LONG, timeout=0.5)
+    started = time.monotonic()
+    reply = httpx.post(f"{url}/generate", json={"prompt": "hi", "max_new_tokens": 2}, timeout=30)
+    assert reply.status_code == 200 and time.monotonic() - started < 1.0
+
+
+def test_docs_are_off_unless_asked_for(server):
+    url, _ = server
+    assert httpx.get(f"{url}/docs").status_code == 404 and httpx.get(f"{url}/openapi.json").status_code == 404
+
+
+def test_a_body_over_the_cap_gets_413_before_it_is_read(tight_server):
+    started = time.monotonic()
+    reply = httpx.post(f"{tight_server}/generate", content=b"x" * (12 << 20), headers={"content-type": "application/json"},
+                       timeout=30)
+    assert reply.status_code == 413 and "over 4096 bytes" in reply.json()["error"]["message"]
+    chunked = httpx.post(f"{tight_server}/generate", content=(b"y" * 1024 for _ in range(64)),
+                         headers={"content-type": "application/json"}, timeout=30)  # no Content-Length
+    assert chunked.status_code == 413 and time.monotonic() - started < 10
+
+
+def test_a_full_queue_gets_429_with_retry_after_and_a_long_request_504(tight_server):
+    """With one request running and one waiting, the next is refused at once; the running one is
+    stopped at the server's time limit."""
+    replies = {}
+
+    def send(name):
+        replies[name] = httpx.post(f"{tight_server}/generate", json=LONG, timeout=30)
+
+    threads = [threading.Thread(target=send, args=(name,)) for name in ("running", "waiting")]
+    for t in threads:
+        t.start()
+        time.sleep(0.2)
+    refused = httpx.post(f"{tight_server}/generate", json={"prompt": "hi", "max_new_tokens": 2}, timeout=30)
+    for t in threads:
+        t.join()
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert replies["running"].status_code == 504 and "limit of 1 s" in replies["running"].json()["error"]["message"]

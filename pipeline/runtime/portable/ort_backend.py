@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from pipeline.contract import LOGITS, Contract
+from pipeline.errors import UserError
 from pipeline.precisions import PRECISIONS
 from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.portable.kv_buffers import (
@@ -62,7 +63,11 @@ class OrtBackend(ContractGraphBackend):
             providers = [("CUDAExecutionProvider", options)]
         else:
             providers = ["CPUExecutionProvider"]
-        self.session = ort.InferenceSession(str(onnx_path), session_options(precision), providers=providers)
+        try:
+            self.session = ort.InferenceSession(str(onnx_path), session_options(precision), providers=providers)
+        except Exception as e:  # onnxruntime raises its own types for a truncated or foreign file
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise UserError(f"{onnx_path}: ONNX Runtime cannot load it ({first}); rerun `gpt2-deploy export --force`") from None
         io = {t.name: t for t in [*self.session.get_inputs(), *self.session.get_outputs()]}
         missing = contract.missing(set(io))
         if missing:
