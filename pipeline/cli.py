@@ -19,6 +19,7 @@ from pipeline.progress import console
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="GPT-2 from PyTorch to validated, benchmarked ONNX Runtime and TensorRT engines.")
 _debug = {"on": False}
+SWITCH_INTERVAL_S = 2e-4  # serve's GIL hand-over (see serve())
 
 Preset = Annotated[str, typer.Option(help=f"Model shape and settings: {', '.join(PRESETS)}.")]
 ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="TOML file overriding the preset.")]
@@ -213,7 +214,10 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
           host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
           port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
           max_body: Annotated[int, typer.Option(min=1024, help="Largest request body in bytes (413 above).")] = 1 << 20,
-          queue: Annotated[int, typer.Option(min=1, help="Requests that may wait behind the running one (429 above).")] = 64,
+          queue: Annotated[int, typer.Option(min=1, help="Requests that may wait to start (429 above).")] = 64,
+          max_rows: Annotated[int, typer.Option(min=1, help="Prompts batched at once (continuous batching).")] = 64,
+          continuous: Annotated[bool, typer.Option(help="Batch requests continuously (torch-compiled, triton); "
+                                                   "--no-continuous serves one request at a time.")] = True,
           timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a request may run before it is stopped (504).")] = 120.0,
           docs: Annotated[bool, typer.Option("--docs", help="Also serve /docs and /openapi.json.")] = False) -> None:
     """Serve generation over HTTP (POST /generate, GET /health) from one backend and precision."""
@@ -227,11 +231,40 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
     session = open_session(rundir, backend, precision, _device(device))
-    limits = Limits(body_bytes=max_body, queue=queue, timeout_s=timeout)
+    limits = Limits(body_bytes=max_body, queue=queue, timeout_s=timeout, max_rows=max_rows)
+    # the scheduler thread waits on the device with the GIL released; at Python's default 5 ms switch
+    # interval it then waits that long for the event loop to hand the GIL back, every step
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     console.print(f"serve: {backend} {precision} from {rundir.root} on http://{host}:{port}", markup=False)
     # SIGTERM: uvicorn stops accepting and lets in-flight requests finish, for at most this long
-    uvicorn.run(create_app(session, limits, docs), host=host, port=port, log_level="warning",
+    uvicorn.run(create_app(session, limits, docs, continuous), host=host, port=port, log_level="warning",
                 timeout_graceful_shutdown=30)
+
+
+@app.command()
+@user_errors
+def loadtest(url: Annotated[str, typer.Argument(help="The server, e.g. http://127.0.0.1:8000.")],
+             concurrency: Annotated[str, typer.Option(help="Comma-separated numbers of streaming clients (a sweep).")] = "1,8,64",
+             rate: Annotated[Optional[float], typer.Option(min=0.01, help="Poisson arrivals per second instead of clients.")] = None,
+             prompt_tokens: Annotated[int, typer.Option(min=1, help="Prompt length in tokens (about).")] = 128,
+             max_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per request.")] = 128,
+             spread: Annotated[float, typer.Option(min=0.0, max=0.99, help="Lengths uniform in n(1 ± spread).")] = 0.0,
+             ignore_eos: Annotated[bool, typer.Option(help="Every request generates max-tokens.")] = True,
+             duration: Annotated[float, typer.Option(min=1.0, help="Seconds measured per load level.")] = 15.0,
+             warmup: Annotated[float, typer.Option(min=0.0, help="Seconds of load before each measurement.")] = 2.0,
+             out: Annotated[Path, typer.Option(help="Folder for loadtest.json, .md and .png.")] = ARTIFACTS_ROOT / "loadtest") -> None:
+    """Measure a running server as clients see it: throughput, time to first token, inter-token latency."""
+    from pipeline.loadtest import LoadSettings, write_reports
+    from pipeline.loadtest import loadtest as run_loadtest
+
+    try:
+        levels = [int(c) for c in concurrency.split(",") if c.strip()]
+    except ValueError:
+        raise UserError(f"--concurrency {concurrency!r}: give comma-separated whole numbers, e.g. 1,8,64") from None
+    if not rate and (not levels or min(levels) < 1):
+        raise UserError(f"--concurrency {concurrency!r}: give at least one number of clients, each at least 1")
+    settings = LoadSettings(url.rstrip("/"), levels, rate, prompt_tokens, max_tokens, spread, ignore_eos, duration, warmup)
+    write_reports(run_loadtest(settings), out)
 
 
 @app.command()

@@ -6,21 +6,20 @@
                       with "stream": true: server-sent events, one per step with each row's new
                       token and new text, then `event: done`
 
-One worker thread owns the backend and its KV cache and serves the requests waiting in a bounded
-queue one at a time (the prompts of one request are batched together). The event loop never
-tokenises or waits on the device: it only hands requests over and relays their tokens. A request
-whose client goes away, or that outlives its time limit, is cancelled: the worker stops it at the
-next step and takes the next request."""
+One scheduler thread owns the backend and runs the requests waiting in a bounded queue
+(pipeline.runtime.scheduler): continuously batched on the static-cache backends (torch-compiled,
+triton), one at a time on the others. The event loop never tokenises or waits on the device: it
+only hands requests over and relays their tokens. A request whose client goes away, or that
+outlives its time limit, is cancelled: its rows leave the batch at the next step."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,13 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.errors import UserError
 from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.scheduler import Job, QueueFull, make_scheduler
 from pipeline.runtime.session import Session
 
 DISCONNECT_POLL_S = 0.25
-
-
-class QueueFull(Exception):
-    """The waiting queue is at its cap (429)."""
 
 
 class TimedOut(Exception):
@@ -45,6 +41,7 @@ class TimedOut(Exception):
 @dataclass(frozen=True)
 class Limits:
     max_prompts: int = 64  # one request's batch
+    max_rows: int = 64  # rows a continuously batched backend runs at once (all requests together)
     body_bytes: int = 1 << 20  # larger request bodies get 413 before they are read whole
     queue: int = 64  # requests waiting beyond the one running get 429
     timeout_s: float = 120.0  # a request still running after this is cancelled (504)
@@ -62,44 +59,7 @@ class GenerateRequest(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0)
     seed: int | None = Field(None, ge=0, lt=2**63)
     stream: bool = False
-
-
-@dataclass
-class Job:
-    """One request, handed from the event loop to the worker. Steps come back through `deliver`
-    (each a list of the rows' tokens), then None when done, or the exception that ended it."""
-    ids: list[list[int]]
-    sampling: Sampling
-    deliver: Callable[[object], None]
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-
-class Worker:
-    """The one thread that runs the backend, one job at a time."""
-
-    def __init__(self, session: Session, limits: Limits):
-        self.session, self.jobs = session, queue.Queue(maxsize=limits.queue)
-        threading.Thread(target=self.run, name="generation", daemon=True).start()
-
-    def submit(self, job: Job) -> None:
-        try:
-            self.jobs.put_nowait(job)
-        except queue.Full:
-            raise QueueFull from None
-
-    def run(self) -> None:
-        while True:
-            job = self.jobs.get()
-            if job.cancelled.is_set():
-                continue
-            try:
-                for token in self.session.generator().stream(job.ids, job.sampling):
-                    if job.cancelled.is_set():
-                        break
-                    job.deliver(token.tolist())
-                job.deliver(None)
-            except Exception as e:  # handed to the request that caused it; the worker goes on
-                job.deliver(e)
+    ignore_eos: bool = False  # generate max_new_tokens whatever comes (vLLM's extension, for load tests)
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -148,11 +108,36 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
-def create_app(session: Session, limits: Limits = Limits(), docs: bool = False) -> FastAPI:
+class Relay:
+    """Hands what the scheduler thread delivers to the event loop's queues with one wake-up of the loop
+    for all that arrived since the last (call_soon_threadsafe per item wakes it once per row a step)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.lock, self.pending, self.scheduled = loop, threading.Lock(), [], False
+
+    def put(self, results: asyncio.Queue, item: object) -> None:
+        with self.lock:
+            self.pending.append((results, item))
+            if self.scheduled:
+                return
+            self.scheduled = True
+        self.loop.call_soon_threadsafe(self.flush)
+
+    def flush(self) -> None:
+        with self.lock:
+            pending, self.pending, self.scheduled = self.pending, [], False
+        for results, item in pending:
+            results.put_nowait(item)
+
+
+def create_app(session: Session, limits: Limits = Limits(), docs: bool = False, continuous: bool = True) -> FastAPI:
     app = FastAPI(title="gpt2-deploy", version="0.1.0", docs_url="/docs" if docs else None, redoc_url=None,
                   openapi_url="/openapi.json" if docs else None)
     app.add_middleware(BodyLimit, limit=limits.body_bytes)
-    backend, worker = session.backend, Worker(session, limits)
+    backend = session.backend
+    scheduler = make_scheduler(backend, session.eos, max(limits.max_rows, limits.max_prompts), limits.queue, continuous)
+    scheduler.start()
+    relays: dict[asyncio.AbstractEventLoop, Relay] = {}
 
     def prepare(req: GenerateRequest) -> tuple[list[list[int]], Sampling]:
         """Tokens and sampling of a request, or a UserError; run off the event loop (tokenising takes time)."""
@@ -162,7 +147,7 @@ def create_app(session: Session, limits: Limits = Limits(), docs: bool = False) 
         ids = [session.encode(p, f"prompt {i}") for i, p in enumerate(prompts)]
         sampling = Sampling(max_new_tokens=req.max_new_tokens, do_sample=req.do_sample, temperature=req.temperature,
                             top_k=req.top_k, top_p=req.top_p, repetition_penalty=req.repetition_penalty,
-                            seed=req.seed, stop_tokens=(session.eos,))
+                            seed=req.seed, stop_tokens=() if req.ignore_eos else (session.eos,))
         sampling.check()
         for i, p in enumerate(ids):
             if not p:
@@ -171,16 +156,18 @@ def create_app(session: Session, limits: Limits = Limits(), docs: bool = False) 
         return ids, sampling
 
     def submit(ids: list[list[int]], sampling: Sampling) -> tuple[Job, asyncio.Queue]:
-        """Queue a job for the worker (QueueFull when the queue is at its cap), before any reply starts."""
+        """Queue a job for the scheduler (QueueFull when the queue is at its cap), before any reply starts."""
         loop, results = asyncio.get_running_loop(), asyncio.Queue()
-        job = Job(ids, sampling, lambda item: loop.call_soon_threadsafe(results.put_nowait, item))
-        worker.submit(job)
+        relay = relays.setdefault(loop, Relay(loop))
+        job = Job(ids, sampling, lambda item: relay.put(results, item))
+        scheduler.submit(job)
         return job, results
 
-    async def steps(job: Job, results: asyncio.Queue, request: Request | None) -> AsyncIterator[list[int]]:
-        """The job's steps as the worker delivers them. The job is cancelled when the consumer stops (a
-        streaming reply whose client left), when `request`'s client leaves (looked at every
-        DISCONNECT_POLL_S), or when the time limit passes."""
+    async def steps(job: Job, results: asyncio.Queue, request: Request | None) -> AsyncIterator[list[list[int]]]:
+        """The job's steps as the scheduler delivers them, all that have arrived at a time (a reply then
+        writes them at once). The job is cancelled when the consumer stops (a streaming reply whose
+        client left), when `request`'s client leaves (looked at every DISCONNECT_POLL_S), or when the
+        time limit passes."""
         deadline = time.monotonic() + limits.timeout_s
         polled = time.monotonic()
         try:
@@ -196,11 +183,16 @@ def create_app(session: Session, limits: Limits = Limits(), docs: bool = False) 
                     item = await asyncio.wait_for(results.get(), timeout=min(DISCONNECT_POLL_S, deadline - now))
                 except asyncio.TimeoutError:
                     continue
-                if item is None:
+                arrived = [item]
+                while not results.empty():
+                    arrived.append(results.get_nowait())
+                done = next((i for i, x in enumerate(arrived) if x is None or isinstance(x, Exception)), None)
+                if arrived[:done]:
+                    yield arrived[:done]
+                if done is not None:
+                    if isinstance(arrived[done], Exception):
+                        raise arrived[done]
                     return
-                if isinstance(item, Exception):
-                    raise item
-                yield item
         finally:
             job.cancelled.set()
 
@@ -245,9 +237,10 @@ def create_app(session: Session, limits: Limits = Limits(), docs: bool = False) 
                                      media_type="text/event-stream")
         started = time.perf_counter()
         rows: list[list[int]] = [[] for _ in ids]
-        async for step in steps(job, results, request):
-            for row, token in zip(rows, step):
-                row.append(token)
+        async for arrived in steps(job, results, request):
+            for step in arrived:
+                for row, token in zip(rows, step):
+                    row.append(token)
         rows = [row[:next((i + 1 for i, t in enumerate(row) if t == session.eos), len(row))] for row in rows]
         return {"completions": [session.decode(r) for r in rows], "tokens": rows,
                 "usage": {"prompt_tokens": sum(map(len, ids)), "completion_tokens": sum(map(len, rows)),
@@ -257,24 +250,35 @@ def create_app(session: Session, limits: Limits = Limits(), docs: bool = False) 
     return app
 
 
-async def events(steps: AsyncIterator[list[int]], decode: Callable[[list[int]], str]) -> AsyncIterator[str]:
-    """One server-sent event per step: each row's new token and the text it adds (a token that ends
-    inside a multi-byte character adds its text with the token that completes it), then `done`."""
-    rows: list[list[int]] = []
-    sent: list[int] = []
+async def events(steps: AsyncIterator[list[list[int]]], decode: Callable[[list[int]], str]) -> AsyncIterator[str]:
+    """One server-sent event per step, each row's new token and the text it adds, the steps that
+    arrived together written at once; then `done`."""
+    rows: list[TextDelta] = []
     try:
-        async for step in steps:
-            if not rows:
-                rows, sent = [[] for _ in step], [0] * len(step)
-            texts = []
-            for i, token in enumerate(step):
-                rows[i].append(token)
-                text = decode(rows[i])
-                complete = len(text) - 1 if text.endswith("\ufffd") else len(text)
-                texts.append(text[sent[i]:complete])
-                sent[i] = max(sent[i], complete)
-            yield f"data: {json.dumps({'tokens': step, 'text': texts})}\n\n"
+        async for arrived in steps:
+            rows = rows or [TextDelta(decode) for _ in arrived[0]]
+            yield "".join(f"data: {json.dumps({'tokens': step, 'text': [row.add(t) for row, t in zip(rows, step)]})}\n\n"
+                          for step in arrived)
     except (UserError, TimedOut) as e:  # the reply has started: the error goes in the stream
         yield f"event: error\ndata: {json.dumps({'error': {'message': str(e), 'type': type(e).__name__}})}\n\n"
         return
     yield "event: done\ndata: {}\n\n"
+
+
+class TextDelta:
+    """The text each new token adds, from decoding a few tokens rather than the whole row (vLLM's
+    incremental detokenisation): the tokens from `prefix` on decode to the text already sent plus
+    the new text. A token that ends inside a multi-byte character adds nothing until the token
+    that completes it."""
+
+    def __init__(self, decode: Callable[[list[int]], str]):
+        self.decode, self.tokens, self.prefix, self.read = decode, [], 0, 0
+
+    def add(self, token: int) -> str:
+        self.tokens.append(token)
+        sent = self.decode(self.tokens[self.prefix:self.read])
+        text = self.decode(self.tokens[self.prefix:])
+        if len(text) <= len(sent) or text.endswith("\ufffd"):
+            return ""
+        self.prefix, self.read = self.read, len(self.tokens)
+        return text[len(sent):]

@@ -22,7 +22,7 @@ LAYERS = [
     ["pipeline.metrics"],
     ["pipeline.finetune", "pipeline.profiling", "pipeline.train_bench", "pipeline.export", "pipeline.export.*",
      "pipeline.engines.stage", "pipeline.validate", "pipeline.polygraphy_check", "pipeline.bench",
-     "pipeline.bench_report", "pipeline.doctor"],
+     "pipeline.bench_report", "pipeline.doctor", "pipeline.loadtest"],
     ["pipeline.cli", "serve", "serve.*"],
 ]
 

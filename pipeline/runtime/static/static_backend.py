@@ -94,10 +94,15 @@ class StaticCacheBackend(Backend):
         """One decode step from s.token/position/start over s.cache -> logits [B, V] fp32."""
         raise NotImplementedError
 
-    def new_slot(self, batch: int, length: int) -> CacheSlot:
+    def new_slot(self, batch: int, length: int, rows_of: CacheSlot | None = None) -> CacheSlot:
+        """A slot of its own cache, or, with rows_of, one whose cache and slot marks are the first `batch`
+        rows of that slot's (a row-count bucket of a larger batch: rows in front are contiguous views)."""
         long = dict(dtype=torch.long, device=self.device)
-        return CacheSlot(self.net.new_cache(batch, length), torch.zeros(batch, length, dtype=torch.bool, device=self.device),
-                         torch.zeros(batch, 1, **long), torch.zeros(batch, 1, **long), torch.zeros((), **long),
+        if rows_of is None:
+            cache, marks = self.net.new_cache(batch, length), torch.zeros(batch, length, dtype=torch.bool, device=self.device)
+        else:
+            cache, marks = [t[:batch] for t in rows_of.cache], rows_of.slot_mask[:batch]
+        return CacheSlot(cache, marks, torch.zeros(batch, 1, **long), torch.zeros(batch, 1, **long), torch.zeros((), **long),
                          torch.zeros(1, **long), torch.zeros(batch, length, **long))
 
     def reset(self, batch: int, max_len: int) -> None:

@@ -50,8 +50,8 @@ class TritonBackend(StaticCacheBackend):
         holds multiprocessors the launches before need (measured: docs/performance.md)."""
         return batch == 1
 
-    def new_slot(self, batch: int, length: int) -> CacheSlot:
-        s = super().new_slot(batch, length)
+    def new_slot(self, batch: int, length: int, rows_of: CacheSlot | None = None) -> CacheSlot:
+        s = super().new_slot(batch, length, rows_of)
         net, dtype = self.net, self.net.wte.dtype
         f32 = dict(dtype=torch.float32, device=self.device)
         s.scratch = {"x": torch.empty(batch, net.n_embd, **f32),  # residual stream

@@ -1,0 +1,343 @@
+"""Serving many requests on one backend: one thread owns the backend and runs the jobs (requests)
+that wait in a bounded queue.
+
+- ContinuousScheduler (the static-cache backends: torch-compiled, triton): continuous batching. At
+  each step boundary waiting jobs join the running batch (their prefill runs apart, and its
+  keys and values are copied into free rows), one decode step advances every running row, and a
+  finished or cancelled row leaves at once, its row reused. Each row keeps its own position,
+  sampling, seed, stop tokens and length, so greedy and sampled rows share a batch.
+- SerialScheduler (every other backend): one job at a time through the Generator.
+
+All rows of the static cache write the same column at a step (its decode kernels take one slot for
+the batch), so a joining prompt is placed to end at the current column, its row's earlier slots
+marked empty; positions are per row, so that changes nothing of what a row computes. The column
+only grows while rows run: when every row's first slot has moved SHIFT_COLUMNS or more to the right,
+the rows are shifted left together, so attention reads little more than the rows hold."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.runtime.batch import left_pad
+from pipeline.runtime.generate import Generator
+from pipeline.runtime.sampling import Sampling, next_tokens
+from pipeline.runtime.static.static_backend import StaticCacheBackend
+
+SHIFT_COLUMNS = 64  # empty columns in front of every row that make the rows move left
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # decode graphs per row count: a step computes the bucket's rows
+# greedy steps run back to back on the device when nobody waits to join and few rows run: there the
+# host's work per step is most of a step; with many rows a chunk held joining requests back (docs/performance.md)
+GREEDY_CHUNK, CHUNK_ROWS = 8, 8
+
+
+@dataclass(eq=False)  # identity: a job is found in lists by itself, never by its fields
+class Job:
+    """Prompts that run together (one HTTP request), their sampling, and where their tokens go:
+    `deliver` gets each step's tokens, one per prompt (a prompt that has stopped gives pad_id), then
+    None when all have stopped, or the exception that ended them."""
+    prompts: list[list[int]]
+    sampling: Sampling
+    deliver: Callable[[object], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class QueueFull(Exception):
+    """The waiting queue is at its cap."""
+
+
+class SchedulerBase:
+    """The queue and the thread; a subclass runs what is queued (serve)."""
+
+    def __init__(self, queue_cap: int):
+        self.waiting: queue.Queue[Job] = queue.Queue(maxsize=queue_cap)
+        self.thread = threading.Thread(target=self.serve, name="scheduler", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        try:
+            self.waiting.put_nowait(job)
+        except queue.Full:
+            raise QueueFull from None
+
+    def serve(self) -> None:
+        raise NotImplementedError
+
+
+class SerialScheduler(SchedulerBase):
+    """One job at a time, its prompts batched, through the Generator: for backends without
+    control over single rows of their cache (torch, ort, trt)."""
+
+    def __init__(self, generator: Generator, queue_cap: int = 64):
+        super().__init__(queue_cap)
+        self.generator = generator
+
+    def serve(self) -> None:
+        while True:
+            job = self.waiting.get()
+            if job.cancelled.is_set():
+                continue
+            try:
+                for token in self.generator.stream(job.prompts, job.sampling):
+                    if job.cancelled.is_set():
+                        break
+                    job.deliver(token.tolist())
+                job.deliver(None)
+            except Exception as e:  # handed to the job that caused it; the scheduler goes on
+                job.deliver(e)
+
+
+@dataclass(eq=False)
+class Row:
+    """One prompt of a running job; its cache row is its place in ContinuousScheduler.rows."""
+    job: Job
+    prompt: int  # which of the job's prompts
+    token: int  # the latest token: the next step's input
+    position: int  # the latest token's position
+    first_slot: int  # the cache column of its first prompt token
+    generated: int
+    random: torch.Generator | None
+    seen: torch.Tensor | None  # prompt and generated ids, for the repetition penalty
+
+
+@dataclass
+class Running:
+    """A job's progress: each prompt's latest token (pad once stopped) and which are still running."""
+    job: Job
+    tokens: list[int]
+    live: int
+
+
+class ContinuousScheduler(SchedulerBase):
+    def __init__(self, backend: StaticCacheBackend, pad_id: int, max_rows: int = 64, queue_cap: int = 64):
+        super().__init__(queue_cap)
+        self.backend, self.pad_id, self.max_rows = backend, pad_id, max_rows
+        # room for a row of the longest job to start anywhere up to the model's context
+        self.columns = 2 * backend.n_positions
+        self.batch = backend.new_slot(max_rows, self.columns)
+        sizes = sorted({b for b in ROW_BUCKETS if b < max_rows} | {max_rows})
+        self.buckets = {b: backend.new_slot(b, self.columns, rows_of=self.batch) for b in sizes}
+        self.rows: list[Row] = []
+        self.running: dict[int, Running] = {}  # id(job) -> progress
+        self.column = 0  # the slot every row writes next
+        self.deferred: list[Job] = []  # taken from the queue, waiting for rows or room
+
+    # the loop ---------------------------------------------------------------------------------
+    def serve(self) -> None:
+        with torch.inference_mode():
+            while True:
+                self.admit(wait=not self.rows)
+                if self.rows:
+                    try:
+                        self.step()
+                    except Exception as e:  # every running job learns of it; the scheduler goes on
+                        for progress in self.running.values():
+                            progress.job.deliver(e)
+                        self.rows, self.running, self.column = [], {}, 0
+
+    def warm_up(self) -> None:
+        """Capture every row-count bucket's decode graph, and its greedy graph where the backend has one,
+        now rather than on a job's path."""
+        with torch.inference_mode():
+            for size in self.buckets:
+                self.decode(size)
+                if self.backend.fused_greedy:
+                    self.greedy_chunk(size, [0] * size, [0] * size, 1)
+
+    # joining ----------------------------------------------------------------------------------
+    def admit(self, wait: bool) -> None:
+        """Waiting jobs into free rows, as many as fit; waits for one when nothing runs."""
+        if wait and not self.deferred:
+            self.deferred.append(self.waiting.get())
+        while True:
+            try:
+                self.deferred.append(self.waiting.get_nowait())
+            except queue.Empty:
+                break
+        joining, free = [], self.max_rows - len(self.rows)
+        for job in list(self.deferred):
+            if job.cancelled.is_set():
+                self.deferred.remove(job)
+            elif len(job.prompts) <= free and self.fits(job):
+                joining.append(job)
+                self.deferred.remove(job)
+                free -= len(job.prompts)
+        if joining:
+            self.join(joining)
+
+    def fits(self, job: Job) -> bool:
+        """Whether the job's rows and every running row can run to their end from the column the
+        job would start at (shifting the rows left first where that makes the room)."""
+        for shifted in (False, True):
+            if shifted:
+                self.shift(force=True)
+            column = max(self.column, max(map(len, job.prompts)))
+            needed = max([job.sampling.max_new_tokens] + [r.job.sampling.max_new_tokens - r.generated
+                                                              for r in self.rows])
+            if column + needed <= self.columns:
+                return True
+        return False
+
+    def join(self, jobs: list[Job]) -> None:
+        """Prefill the jobs' prompts together, apart from the running rows, and copy their keys
+        and values into the next free rows so that every prompt ends at the current column."""
+        prompts = [p for job in jobs for p in job.prompts]
+        joined = len(prompts)
+        # as many rows as a bucket (the extra ones repeat the first prompt, then are dropped): a cache
+        # and prefill graphs are kept per shape, so shapes must be few
+        bucket = min(b for b in self.buckets if b >= joined)
+        batch = left_pad(prompts + prompts[:1] * (bucket - joined), self.pad_id, self.backend.device)
+        width = batch.host_ids.shape[1]
+        self.backend.reset(bucket, width + 1)
+        logits = self.backend.prefill(batch)[:, -1]
+        prefilled = self.backend.slot
+        self.column = max(self.column, width)
+        first, window = len(self.rows), slice(self.column - width, self.column)
+        for big, small in zip(self.batch.cache, prefilled.cache):
+            big[first:first + joined, :, window].copy_(small[:joined, :, :width])
+        marks = self.batch.slot_mask[first:first + joined]
+        marks.zero_()
+        marks[:, window].copy_(batch.attention_mask[:joined])
+        for job in jobs:
+            progress = Running(job, [self.pad_id] * len(job.prompts), len(job.prompts))
+            self.running[id(job)] = progress
+            for k, prompt in enumerate(job.prompts):
+                s = job.sampling
+                random = torch.Generator(self.backend.device).manual_seed(s.seed) if s.seed is not None else None
+                seen = (torch.tensor([prompt], device=self.backend.device) if s.repetition_penalty != 1.0 else None)
+                # at its last prompt token: advance moves it to the first generated one
+                self.rows.append(Row(job, k, 0, len(prompt) - 1, self.column - len(prompt), 0, random, seen))
+        self.take(list(zip(self.rows[first:], self.pick(self.rows[first:], logits[:joined]))))
+
+    # stepping ---------------------------------------------------------------------------------
+    def step(self) -> None:
+        """Decode steps of every running row from the current column: GREEDY_CHUNK of them in one go
+        when every row is plain greedy, at most CHUNK_ROWS run and nobody waits, else one."""
+        for r in [r for r in self.rows if r.job.cancelled.is_set()]:
+            self.finish(r)
+        self.settle()
+        if not self.rows:
+            return
+        size = min(b for b in self.buckets if b >= len(self.rows))
+        idle = [0] * (size - len(self.rows))  # the bucket's rows past the running ones compute for nothing
+        tokens, positions = [r.token for r in self.rows] + idle, [r.position for r in self.rows] + idle
+        self.batch.slot_mask[:len(self.rows), self.column] = True
+        greedy = all(not r.job.sampling.do_sample and r.seen is None for r in self.rows)
+        quiet = self.waiting.empty() and not self.deferred and len(self.rows) <= CHUNK_ROWS
+        if greedy and quiet and self.backend.fused_greedy:
+            count = min([GREEDY_CHUNK] + [r.job.sampling.max_new_tokens - r.generated for r in self.rows])
+            rows, picked = list(self.rows), self.greedy_chunk(size, tokens, positions, count)
+            self.column += count
+            for j in range(count):  # rows that stopped inside the chunk are gone from self.rows
+                self.take([(r, picked[i][j]) for i, r in enumerate(rows) if r in self.rows])
+        else:
+            logits = self.decode(size, torch.tensor(tokens).view(size, 1), torch.tensor(positions).view(size, 1))
+            self.column += 1
+            self.take(list(zip(self.rows, self.pick(list(self.rows), logits[:len(self.rows)]))))
+        self.shift(force=False)
+
+    def greedy_chunk(self, size: int, tokens: list[int], positions: list[int], count: int) -> list[list[int]]:
+        """`count` greedy steps of the bucket from the current column, each feeding its argmax to the
+        next on the device (the backend's greedy graph): the host waits once, not once a step.
+        -> each row's `count` tokens."""
+        backend, slot = self.backend, self.buckets[size]
+        backend.slot, backend.length = slot, self.column
+        token = torch.tensor(tokens, device=backend.device)
+        position = torch.tensor(positions, device=backend.device).view(size, 1)
+        for _ in backend.greedy_steps(token, position, count):
+            pass
+        return slot.greedy_tokens[:, :count].tolist()
+
+    def decode(self, size: int, tokens: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The bucket's decode step (its graph on a GPU) at the current column -> logits [size, V]."""
+        backend, slot = self.backend, self.buckets[size]
+        backend.slot = slot
+        zeros = torch.zeros(size, 1, dtype=torch.long)
+        return backend.replay_decode(zeros if tokens is None else tokens, zeros if positions is None else positions,
+                                     self.column)
+
+    def pick(self, rows: list[Row], logits: torch.Tensor) -> list[int]:
+        """Each row's next token from its logits, by its own sampling, seed and history."""
+        greedy = [i for i, r in enumerate(rows) if not r.job.sampling.do_sample and r.seen is None]
+        if len(greedy) == len(rows):  # the common case: one argmax, one wait for the device
+            return logits.argmax(-1).tolist()
+        picked = {}
+        if greedy:
+            index = torch.tensor(greedy, device=logits.device)
+            picked.update(zip(greedy, logits.index_select(0, index).argmax(-1).tolist()))
+        for i, r in enumerate(rows):
+            if i not in picked:
+                picked[i] = int(next_tokens(logits[i:i + 1], r.seen, r.job.sampling, r.random)[0])
+        return [picked[i] for i in range(len(rows))]
+
+    def take(self, picked: list[tuple[Row, int]]) -> None:
+        """One step's token of each row: delivered, fed to the next step, or the row's end (a stop token
+        or its length)."""
+        touched = {}
+        for r, token in picked:
+            s = r.job.sampling
+            progress = touched[id(r.job)] = self.running[id(r.job)]
+            progress.tokens[r.prompt] = token
+            r.token, r.position, r.generated = token, r.position + 1, r.generated + 1
+            if r.seen is not None:
+                r.seen = torch.cat([r.seen, torch.tensor([[token]], device=r.seen.device)], 1)
+            if token in s.stop_tokens or r.generated >= s.max_new_tokens:
+                self.finish(r)
+        for progress in touched.values():
+            progress.job.deliver(progress.tokens)
+            progress.tokens = [self.pad_id] * len(progress.tokens)  # a prompt that stopped gives pad from here on
+        self.settle()
+
+    def settle(self) -> None:
+        """Requests none of whose rows runs any more are done."""
+        for key in [k for k, p in self.running.items() if p.live == 0]:
+            self.running.pop(key).job.deliver(None)
+
+    def finish(self, row: Row) -> None:
+        """The row leaves: the last row moves into its cache row, so running rows stay in front."""
+        index, last = self.rows.index(row), len(self.rows) - 1
+        if index != last:
+            for t in self.batch.cache:
+                t[index].copy_(t[last])
+            self.batch.slot_mask[index].copy_(self.batch.slot_mask[last])
+            self.rows[index] = self.rows[last]
+        self.rows.pop()
+        progress = self.running.get(id(row.job))
+        if progress is not None:
+            progress.live -= 1
+        if not self.rows:
+            self.column = 0
+
+    def shift(self, force: bool) -> None:
+        """Move every row left by the empty columns in front of all of them, when there are
+        SHIFT_COLUMNS or more of them (or any, with force)."""
+        if not self.rows:
+            self.column = 0
+            return
+        empty = min(r.first_slot for r in self.rows)
+        if empty == 0 or (not force and empty < SHIFT_COLUMNS):
+            return
+        n, kept = len(self.rows), self.column - empty
+        for t in self.batch.cache:
+            t[:n, :, :kept].copy_(t[:n, :, empty:self.column].clone())
+        marks = self.batch.slot_mask
+        marks[:n, :kept].copy_(marks[:n, empty:self.column].clone())
+        self.column = kept
+        for r in self.rows:
+            r.first_slot -= empty
+
+
+def make_scheduler(backend, pad_id: int, max_rows: int = 64, queue_cap: int = 64,
+                   continuous: bool = True) -> SchedulerBase:
+    """Continuous batching where the backend allows it (and `continuous`), else one job at a time."""
+    if continuous and isinstance(backend, StaticCacheBackend):
+        scheduler = ContinuousScheduler(backend, pad_id, max_rows, queue_cap)
+        scheduler.warm_up()
+        return scheduler
+    return SerialScheduler(Generator(backend, pad_id), queue_cap)

@@ -1,0 +1,151 @@
+"""The schedulers that serve runs: continuous batching returns, for every job, the tokens the job
+gets alone, whatever else is in the batch and whenever it arrives."""
+
+import random
+import threading
+import time
+
+import pytest
+
+from pipeline.runtime import scheduler as scheduling
+from pipeline.runtime.generate import Generator
+from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.scheduler import (
+    ContinuousScheduler,
+    Job,
+    QueueFull,
+    SerialScheduler,
+)
+from pipeline.runtime.static.torch_compiled import TorchCompiledBackend
+
+
+class Collected:
+    """A job's delivered steps, one list of tokens per step, and its end."""
+
+    def __init__(self):
+        self.steps, self.error, self.done = [], None, threading.Event()
+
+    def __call__(self, item):
+        if item is None or isinstance(item, Exception):
+            self.error = item
+            self.done.set()
+        else:
+            self.steps.append(list(item))
+
+    def rows(self, stop_tokens) -> list[list[int]]:
+        """Each prompt's tokens up to and including its first stop token, as Generator.generate cuts them."""
+        out = []
+        for row in zip(*self.steps):
+            cut = next((i + 1 for i, t in enumerate(row) if t in stop_tokens), len(row))
+            out.append(list(row[:cut]))
+        return out
+
+
+def mixed_jobs(seed: int, count: int) -> list[tuple[list[list[int]], Sampling]]:
+    """Greedy, seeded sampling and repetition-penalty jobs of different lengths, some of several prompts."""
+    rng = random.Random(seed)
+    jobs = []
+    for i in range(count):
+        prompts = [[rng.randrange(50000) for _ in range(rng.randint(1, 12))] for _ in range(1 + (i % 5 == 2))]
+        sampling = Sampling(max_new_tokens=rng.randint(1, 24), do_sample=i % 3 == 0, temperature=0.8, top_k=50,
+                            seed=i, repetition_penalty=1.3 if i % 4 == 1 else 1.0, stop_tokens=(50256,))
+        jobs.append((prompts, sampling))
+    return jobs
+
+
+def alone(model, prompts, sampling):
+    """What the job's prompts get one at a time, through the offline generator."""
+    backend = TorchCompiledBackend(model, "fp32", "cpu", compile=False)
+    return [Generator(backend, 0).generate([p], sampling)[0] for p in prompts]
+
+
+def serve_jobs(scheduler, jobs, rng: random.Random) -> list[Collected]:
+    results = []
+    for prompts, sampling in jobs:
+        results.append(Collected())
+        scheduler.submit(Job(prompts, sampling, results[-1]))
+        time.sleep(rng.random() * 0.02)  # arrivals at different steps
+    assert all(r.done.wait(60) for r in results)
+    return results
+
+
+@pytest.mark.parametrize("shift", [64, 2], ids=["few-shifts", "shift-every-other-step"])
+def test_every_job_gets_the_tokens_it_gets_alone(model, monkeypatch, shift):
+    """Four rows for twelve jobs: jobs wait, join mid-run into freed rows, leave at their stop
+    token or length; with a small SHIFT_COLUMNS the rows also move left while they run."""
+    monkeypatch.setattr(scheduling, "SHIFT_COLUMNS", shift)
+    scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=4)
+    moves, shift_rows = [], scheduler.shift
+
+    def counted(force):
+        before = scheduler.column
+        shift_rows(force)
+        moves.append(bool(scheduler.rows) and scheduler.column < before)
+
+    scheduler.shift = counted
+    scheduler.warm_up()
+    scheduler.start()
+    jobs = mixed_jobs(0, 12)
+    results = serve_jobs(scheduler, jobs, random.Random(1))
+    for (prompts, sampling), result in zip(jobs, results):
+        assert result.error is None
+        want = alone(model, prompts, sampling) if len(prompts) == 1 or not sampling.do_sample else None
+        if want is not None:
+            assert result.rows(sampling.stop_tokens) == want, (prompts, sampling)
+    assert not scheduler.rows and not scheduler.running and scheduler.column == 0
+    assert shift == 64 or sum(moves) >= 3  # the rows did move while running
+
+
+def test_a_stop_token_ends_its_row_and_the_row_is_reused(model):
+    backend = TorchCompiledBackend(model, "fp32", "cpu", compile=False)
+    free = alone(model, [[464, 2068, 7586]], Sampling(max_new_tokens=12))[0]
+    stop = Sampling(max_new_tokens=12, stop_tokens=(free[3],))
+    scheduler = ContinuousScheduler(backend, pad_id=0, max_rows=1)
+    scheduler.start()
+    results = serve_jobs(scheduler, [([[464, 2068, 7586]], stop), ([[818, 262]], Sampling(max_new_tokens=5))],
+                         random.Random(0))
+    assert results[0].rows(stop.stop_tokens) == [free[:free.index(free[3]) + 1]]
+    assert results[1].rows(()) == alone(model, [[818, 262]], Sampling(max_new_tokens=5))
+
+
+def test_a_cancelled_job_leaves_the_batch_at_the_next_step(model):
+    scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=1)
+    scheduler.start()
+    long, short = Collected(), Collected()
+    job = Job([[464, 2068]], Sampling(max_new_tokens=60), long)
+    scheduler.submit(job)
+    while not long.steps:
+        time.sleep(0.001)
+    job.cancelled.set()
+    scheduler.submit(Job([[818, 262]], Sampling(max_new_tokens=3), short))
+    assert short.done.wait(30) and long.done.wait(30)
+    assert len(long.steps) < 60 and short.rows(()) == alone(model, [[818, 262]], Sampling(max_new_tokens=3))
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: ContinuousScheduler(TorchCompiledBackend(m, "fp32", "cpu", compile=False), pad_id=0, queue_cap=2),
+    lambda m: SerialScheduler(Generator(TorchCompiledBackend(m, "fp32", "cpu", compile=False)), queue_cap=2),
+], ids=["continuous", "serial"])
+def test_the_queue_refuses_past_its_cap(model, make):
+    scheduler = make(model)  # not started: nothing leaves the queue
+    for _ in range(2):
+        scheduler.submit(Job([[1]], Sampling(), Collected()))
+    with pytest.raises(QueueFull):
+        scheduler.submit(Job([[1]], Sampling(), Collected()))
+
+
+def test_greedy_rows_with_nobody_waiting_run_chunks_on_the_device(model, monkeypatch):
+    """All rows plain greedy and the queue empty: GREEDY_CHUNK steps at a time through the backend's
+    greedy graph; a stop token inside a chunk still ends the row there."""
+    chunks = []
+    scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=4)
+    run_chunk = scheduler.greedy_chunk
+    monkeypatch.setattr(scheduler, "greedy_chunk", lambda *a: chunks.append(a[3]) or run_chunk(*a))
+    scheduler.start()
+    prompt = [464, 2068, 7586]
+    free = alone(model, [prompt], Sampling(max_new_tokens=21))[0]
+    stop = Sampling(max_new_tokens=21, stop_tokens=(free[10],))
+    results = serve_jobs(scheduler, [([prompt], Sampling(max_new_tokens=21)), ([prompt], stop)], random.Random(0))
+    assert results[0].rows(()) == [free]
+    assert results[1].rows(stop.stop_tokens) == [free[:free.index(free[10]) + 1]]
+    assert chunks and max(chunks) == scheduling.GREEDY_CHUNK

@@ -1,0 +1,43 @@
+"""The load generator against a real server on loopback: a sweep of streaming clients, measured at
+the client, reported as json, markdown and png."""
+
+import json
+
+import pytest
+
+from pipeline.errors import UserError
+from pipeline.loadtest import LoadSettings, loadtest, write_reports
+
+pytest.importorskip("fastapi", reason="the [serve] extra is not installed")
+
+
+@pytest.fixture(scope="module")
+def server(exported_run, tmp_path_factory):
+    from tests.serve.test_app import start_server, stop_server
+
+    _, run, _ = exported_run
+    proc, url = start_server(run, tmp_path_factory.mktemp("loadtest") / "server.log")
+    yield url
+    stop_server(proc)
+
+
+def test_a_sweep_measures_every_level_at_the_client(server, tmp_path):
+    settings = LoadSettings(server, concurrency=[1, 3], prompt_tokens=16, max_tokens=6, duration_s=2.0, warmup_s=0.5)
+    result = loadtest(settings)
+    assert [r["concurrency"] for r in result["rows"]] == [1, 3]
+    for row in result["rows"]:
+        assert row["errors"] == {} and row["requests"] >= 1 and row["tokens_per_s"] > 0
+        assert row["tokens_per_request"] == 6  # EOS ignored: every request its full length
+        assert 0 < row["ttft_ms"]["p50"] <= row["e2e_ms"]["p50"] and row["itl_ms"]["p50"] > 0
+    assert result["server"]["backend"] == "ort"
+    write_reports(result, tmp_path)
+    assert json.loads((tmp_path / "loadtest.json").read_text())["rows"] == result["rows"]
+    assert (tmp_path / "loadtest.md").read_text().count("clients |") == 2
+    assert (tmp_path / "loadtest.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_poisson_rate_and_a_missing_server(server, tmp_path):
+    result = loadtest(LoadSettings(server, rate=5.0, prompt_tokens=8, max_tokens=3, duration_s=1.5, warmup_s=0.0))
+    assert result["rows"][0]["rate"] == 5.0 and result["rows"][0]["requests"] >= 1
+    with pytest.raises(UserError, match="no gpt2-deploy server answers there"):
+        loadtest(LoadSettings("http://127.0.0.1:9", duration_s=1.0))
