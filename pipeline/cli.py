@@ -26,7 +26,7 @@ ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="TOML file 
 Sets = Annotated[Optional[list[str]], typer.Option("--set", help="Override one key, e.g. --set train.lr=3e-4 (repeatable).")]
 RunName = Annotated[Optional[str], typer.Option("--run", help="Run folder name under --artifacts (default: the preset).")]
 Artifacts = Annotated[Path, typer.Option("--artifacts", help="Folder that holds the run folders.")]
-Force = Annotated[bool, typer.Option("--force", help="Redo the stage even if its outputs are up to date.")]
+Force = Annotated[bool, typer.Option("--force", metavar="", help="Redo the stage even if its outputs are up to date.")]
 Device = Annotated[str, typer.Option(help="auto (cuda if visible), cpu, cuda or cuda:N.")]
 # the backend names, as loader.BACKENDS has them: written out so that --help needs no torch import
 BACKEND_NAMES = "torch, torch-compiled, triton, ort, trt"
@@ -37,7 +37,7 @@ PrecisionName = Annotated[str, typer.Option("--precision", help=f"One of {', '.j
 
 
 @app.callback()
-def main(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False) -> None:
+def main(debug: Annotated[bool, typer.Option("--debug", metavar="", help="Show tracebacks for errors.")] = False) -> None:
     _debug["on"] = debug
 
 
@@ -73,7 +73,7 @@ def finetune(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = No
              artifacts: Artifacts = ARTIFACTS_ROOT, force: Force = False,
              model: Annotated[Optional[str], typer.Option(help="Start from a pretrained GPT-2: hub id or local folder.")] = None,
              data: Annotated[Optional[str], typer.Option(help="Text file, folder of text files, or hf:DATASET.")] = None,
-             resume: Annotated[bool, typer.Option(help="Continue an interrupted fine-tune.")] = False) -> None:
+             resume: Annotated[bool, typer.Option(metavar="", help="Continue an interrupted fine-tune.")] = False) -> None:
     """Fine-tune GPT-2 (AMP, activation checkpointing, gradient accumulation, torch.compile)."""
     from pipeline.finetune import finetune as run_finetune
 
@@ -144,7 +144,7 @@ def _pairs(matrix: list[tuple[str, str]], backend: Optional[list[str]], precisio
 def validate_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
                  artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
                  backend: BackendFilter = None, precision: PrecisionFilter = None,
-                 polygraphy: Annotated[bool, typer.Option(help="Also compare the ONNX graphs with Polygraphy.")] = False) -> None:
+                 polygraphy: Annotated[bool, typer.Option(metavar="", help="Also compare the ONNX graphs with Polygraphy.")] = False) -> None:
     """Compare every backend and precision with PyTorch fp32; exit 1 when one exceeds its budget."""
     from pipeline.runtime.loader import default_matrix
     from pipeline.validate import report, validate
@@ -193,7 +193,7 @@ def generate(prompt: Annotated[list[str], typer.Argument(help="One or more promp
              top_k: Annotated[int, typer.Option(help="Keep the k most likely tokens (0 = off).")] = 0,
              top_p: Annotated[float, typer.Option(help="Nucleus sampling mass in (0, 1].")] = 1.0,
              repetition_penalty: Annotated[float, typer.Option(help="> 1 discourages repeats.")] = 1.0,
-             sample: Annotated[bool, typer.Option(help="Sample instead of greedy decoding.")] = False,
+             sample: Annotated[bool, typer.Option(metavar="", help="Sample instead of greedy decoding.")] = False,
              seed: Annotated[Optional[int], typer.Option(help="Seed for reproducible sampling.")] = None) -> None:
     """Generate text from prompts through any backend, streaming the first prompt's tokens."""
     from pipeline.runtime.sampling import Sampling
@@ -216,10 +216,10 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
           max_body: Annotated[int, typer.Option(min=1024, help="Largest request body in bytes (413 above).")] = 1 << 20,
           queue: Annotated[int, typer.Option(min=1, help="Requests that may wait to start (429 above).")] = 64,
           max_rows: Annotated[int, typer.Option(min=1, help="Prompts batched at once (continuous batching).")] = 64,
-          continuous: Annotated[bool, typer.Option(help="Batch requests continuously (torch-compiled, triton); "
+          continuous: Annotated[bool, typer.Option(metavar="", help="Batch requests continuously (torch-compiled, triton); "
                                                    "--no-continuous serves one request at a time.")] = True,
           timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a request may run before it is stopped (504).")] = 120.0,
-          docs: Annotated[bool, typer.Option("--docs", help="Also serve /docs and /openapi.json.")] = False) -> None:
+          docs: Annotated[bool, typer.Option("--docs", metavar="", help="Also serve /docs and /openapi.json.")] = False) -> None:
     """Serve generation over HTTP (POST /generate, GET /health) from one backend and precision."""
     try:
         import uvicorn
@@ -249,7 +249,7 @@ def loadtest(url: Annotated[str, typer.Argument(help="The server, e.g. http://12
              prompt_tokens: Annotated[int, typer.Option(min=1, help="Prompt length in tokens (about).")] = 128,
              max_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per request.")] = 128,
              spread: Annotated[float, typer.Option(min=0.0, max=0.99, help="Lengths uniform in n(1 ± spread).")] = 0.0,
-             ignore_eos: Annotated[bool, typer.Option(help="Every request generates max-tokens.")] = True,
+             ignore_eos: Annotated[bool, typer.Option(metavar="", help="Every request generates max-tokens.")] = True,
              duration: Annotated[float, typer.Option(min=1.0, help="Seconds measured per load level.")] = 15.0,
              warmup: Annotated[float, typer.Option(min=0.0, help="Seconds of load before each measurement.")] = 2.0,
              out: Annotated[Path, typer.Option(help="Folder for loadtest.json, .md and .png.")] = ARTIFACTS_ROOT / "loadtest") -> None:
@@ -295,7 +295,7 @@ def train_bench(preset: Preset = "gpt2", config: ConfigFile = None, sets: Sets =
 
 
 @app.command()
-def doctor(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+def doctor(as_json: Annotated[bool, typer.Option("--json", metavar="", help="Machine-readable output.")] = False) -> None:
     """Report what is installed and usable: torch/CUDA/GPU, ONNX Runtime, TensorRT flavours, ModelOpt."""
     from pipeline.doctor import report, run_checks
 

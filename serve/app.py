@@ -43,7 +43,7 @@ class Limits:
     max_prompts: int = 64  # one request's batch
     max_rows: int = 64  # rows a continuously batched backend runs at once (all requests together)
     body_bytes: int = 1 << 20  # larger request bodies get 413 before they are read whole
-    queue: int = 64  # requests waiting beyond the one running get 429
+    queue: int = 64  # requests waiting to start beyond this many get 429
     timeout_s: float = 120.0  # a request still running after this is cancelled (504)
 
 

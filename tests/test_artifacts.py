@@ -54,3 +54,4 @@ def test_a_stage_start_removes_what_a_killed_write_left(tmp_path):
     run.ensure_writable()
     left = sorted(p.relative_to(run.root).as_posix() for p in run.root.rglob("*"))
     assert left == [".hidden", "notes.tmp", "onnx", "onnx/fp32", "onnx/fp32/model.onnx"]
+

@@ -5,6 +5,7 @@ serialise a plan. `tensorrt` builds for the GPU it runs on and reuses a timing c
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +26,25 @@ class BuildResult:
     timing_cache: str
 
 
+# what the parser always says of the contract's int64 inputs; the runtime binds them as int64
+EXPECTED = ("has Int64 binding",)
+
+
 def _logger(trt: ModuleType, level: str):
-    return trt.Logger({"error": trt.Logger.ERROR, "warning": trt.Logger.WARNING, "info": trt.Logger.INFO,
-                       "verbose": trt.Logger.VERBOSE}[level])
+    """TensorRT's messages at `level` and above, on stderr, but for the EXPECTED ones."""
+    severity = trt.ILogger.Severity
+    least = {"error": severity.ERROR, "warning": severity.WARNING, "info": severity.INFO,
+             "verbose": severity.VERBOSE}[level]
+
+    class Logger(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+
+        def log(self, sev, msg: str) -> None:
+            if int(sev) <= int(least) and not any(e in msg for e in EXPECTED):
+                print(f"[TRT] [{sev.name[0]}] {msg}", file=sys.stderr, flush=True)
+
+    return Logger()
 
 
 def _progress_monitor(trt: ModuleType, task):

@@ -5,6 +5,9 @@ graph's inputs and outputs are plain tensors named by the contract."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import warnings
 from pathlib import Path
 
 import onnx
@@ -43,6 +46,24 @@ def example_inputs(contract: Contract, batch: int = 2, seq: int = 3, past: int =
     return (ids, mask, positions, *kv)
 
 
+@contextlib.contextmanager
+def quiet_exporter():
+    """Silence what the exporter says on every export and asks nothing of the user: a warning per
+    torchvision operator it cannot register (this project exports no vision model), its note that
+    axes sharing one constraint take one name (batch/seq/past keep theirs in the graph: the
+    contract checks them), and a deprecation inside torch.export."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="# The axis name: .* will not be used", category=UserWarning)
+            warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)", category=FutureWarning)
+            yield
+    finally:
+        registration.setLevel(level)
+
+
 def export_fp32(model: GPT2LMHeadModel, path: Path, opset: int) -> None:
     """Write `path` (and `path`.data when the weights exceed the protobuf limit)."""
     contract = Contract.from_hf_config(model.config)
@@ -52,7 +73,7 @@ def export_fp32(model: GPT2LMHeadModel, path: Path, opset: int) -> None:
     shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: total},
               "position_ids": {0: batch, 1: seq}, "past": tuple({0: batch, 2: past} for _ in range(2 * contract.n_layer))}
     model = model.float().eval()
-    with torch.no_grad():
+    with torch.no_grad(), quiet_exporter():
         program = torch.onnx.export(WithKVCache(model).eval(), example_inputs(contract), dynamo=True, dynamic_shapes=shapes,
                                     opset_version=opset, input_names=contract.input_names,
                                     output_names=contract.output_names, optimize=True)

@@ -103,3 +103,10 @@ def test_plans_are_found_by_exact_precision(engines):
     _, run, _ = engines
     assert [p.name for p in plans_for(run.engines, "int8")] == ["tensorrt_rtx-int8-sm86.plan"]
     assert "tensorrt_rtx-int8-wo-sm86.plan" in [p.name for p in plans_for(run.engines, "int8-wo")]
+
+
+def test_the_builder_keeps_the_parsers_expected_int64_notes_to_itself(engines, tmp_path, capfd):
+    cfg, run, _ = engines
+    build_engines(cfg, copy_run(run, tmp_path / "again"), ["fp32"], "tensorrt_rtx", ["sm86"], force=True)
+    said = "".join(capfd.readouterr())
+    assert "Int64 binding" not in said and "engines/tensorrt_rtx-fp32-sm86.plan" in said

@@ -121,3 +121,14 @@ def test_too_small_calibration_set_is_refused(exported):
             export(cfg, run, force=True)
     finally:
         cfg.data.calib_samples = 4
+
+
+def test_export_says_nothing_the_user_need_not_act_on(exported, tmp_path, capfd):
+    """No warning per torchvision operator, no note on shared axis names, no ERROR for a missing GPU
+    on a CPU machine: what export prints is its own lines and the converters' real warnings."""
+    cfg, run, _ = exported
+    export(cfg, copy_run(run, tmp_path / "again"), ["fp32", "int8"], force=True)
+    said = "".join(capfd.readouterr())
+    for noise in ("torchvision is not installed", "# The axis name", "Failed to get GPU count", "LeafSpec"):
+        assert noise not in said
+    assert "export: onnx/int8" in said
