@@ -28,7 +28,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.errors import UserError
 from pipeline.runtime.sampling import Sampling
-from pipeline.runtime.scheduler import Job, QueueFull, make_scheduler
+from pipeline.runtime.scheduler import (
+    ContinuousScheduler,
+    Job,
+    QueueFull,
+    make_scheduler,
+)
 from pipeline.runtime.session import Session
 
 DISCONNECT_POLL_S = 0.25
@@ -135,15 +140,18 @@ def create_app(session: Session, limits: Limits = Limits(), docs: bool = False, 
                   openapi_url="/openapi.json" if docs else None)
     app.add_middleware(BodyLimit, limit=limits.body_bytes)
     backend = session.backend
-    scheduler = make_scheduler(backend, session.eos, max(limits.max_rows, limits.max_prompts), limits.queue, continuous)
+    scheduler = make_scheduler(backend, session.eos, limits.max_rows, limits.queue, continuous)
+    # a continuously batched request runs all its prompts at once: more than the rows would never start
+    batched = isinstance(scheduler, ContinuousScheduler)
+    max_prompts = min(limits.max_prompts, limits.max_rows) if batched else limits.max_prompts
     scheduler.start()
     relays: dict[asyncio.AbstractEventLoop, Relay] = {}
 
     def prepare(req: GenerateRequest) -> tuple[list[list[int]], Sampling]:
         """Tokens and sampling of a request, or a UserError; run off the event loop (tokenising takes time)."""
         prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
-        if not 1 <= len(prompts) <= limits.max_prompts:
-            raise UserError(f"prompt: give 1 to {limits.max_prompts} prompts")
+        if not 1 <= len(prompts) <= max_prompts:
+            raise UserError(f"prompt: give 1 to {max_prompts} prompts")
         ids = [session.encode(p, f"prompt {i}") for i, p in enumerate(prompts)]
         sampling = Sampling(max_new_tokens=req.max_new_tokens, do_sample=req.do_sample, temperature=req.temperature,
                             top_k=req.top_k, top_p=req.top_p, repetition_penalty=req.repetition_penalty,

@@ -124,7 +124,7 @@ class ContinuousScheduler(SchedulerBase):
         sizes = sorted({b for b in ROW_BUCKETS if b < max_rows} | {max_rows})
         self.buckets = {b: backend.new_slot(b, self.columns, rows_of=self.batch) for b in sizes}
         self.rows: list[Row] = []
-        self.running: dict[int, Running] = {}  # id(job) -> progress
+        self.running: dict[Job, Running] = {}
         self.column = 0  # the slot every row writes next
         self.deferred: list[Job] = []  # taken from the queue, waiting for rows or room
 
@@ -132,14 +132,14 @@ class ContinuousScheduler(SchedulerBase):
     def serve(self) -> None:
         with torch.inference_mode():
             while True:
-                self.admit(wait=not self.rows)
-                if self.rows:
-                    try:
+                try:
+                    self.admit(wait=not self.rows)
+                    if self.rows:
                         self.step()
-                    except Exception as e:  # every running job learns of it; the scheduler goes on
-                        for progress in self.running.values():
-                            progress.job.deliver(e)
-                        self.rows, self.running, self.column = [], {}, 0
+                except Exception as e:  # every running job learns of it; the scheduler goes on
+                    for progress in self.running.values():
+                        progress.job.deliver(e)
+                    self.rows, self.running, self.column = [], {}, 0
 
     def warm_up(self) -> None:
         """Capture every row-count bucket's decode graph, and its greedy graph where the backend has one,
@@ -160,26 +160,34 @@ class ContinuousScheduler(SchedulerBase):
                 self.deferred.append(self.waiting.get_nowait())
             except queue.Empty:
                 break
-        joining, free = [], self.max_rows - len(self.rows)
+        joining, free, width = [], self.max_rows - len(self.rows), 0
         for job in list(self.deferred):
             if job.cancelled.is_set():
                 self.deferred.remove(job)
-            elif len(job.prompts) <= free and self.fits(job):
+            elif len(job.prompts) <= free and self.fits(job, max(width, *map(len, job.prompts)), joining):
                 joining.append(job)
                 self.deferred.remove(job)
-                free -= len(job.prompts)
+                free, width = free - len(job.prompts), max(width, *map(len, job.prompts))
         if joining:
-            self.join(joining)
+            try:
+                self.join(joining)
+            except Exception as e:  # those jobs learn of it; the running ones go on
+                for r in [r for r in self.rows if r.job in joining]:
+                    self.finish(r)
+                for job in joining:
+                    self.running.pop(job, None)
+                    job.deliver(e)
 
-    def fits(self, job: Job) -> bool:
-        """Whether the job's rows and every running row can run to their end from the column the
-        job would start at (shifting the rows left first where that makes the room)."""
+    def fits(self, job: Job, width: int, joining: list[Job]) -> bool:
+        """Whether the job, the jobs joining with it (prompts up to `width` tokens together) and every
+        running row can run to their end from the column they would start at (shifting the rows left
+        first where that makes the room)."""
         for shifted in (False, True):
             if shifted:
                 self.shift(force=True)
-            column = max(self.column, max(map(len, job.prompts)))
-            needed = max([job.sampling.max_new_tokens] + [r.job.sampling.max_new_tokens - r.generated
-                                                              for r in self.rows])
+            column = max(self.column, width)
+            needed = max([j.sampling.max_new_tokens for j in (job, *joining)]
+                         + [r.job.sampling.max_new_tokens - r.generated for r in self.rows])
             if column + needed <= self.columns:
                 return True
         return False
@@ -206,12 +214,12 @@ class ContinuousScheduler(SchedulerBase):
         marks[:, window].copy_(batch.attention_mask[:joined])
         for job in jobs:
             progress = Running(job, [self.pad_id] * len(job.prompts), len(job.prompts))
-            self.running[id(job)] = progress
+            self.running[job] = progress
             for k, prompt in enumerate(job.prompts):
                 s = job.sampling
                 random = torch.Generator(self.backend.device).manual_seed(s.seed) if s.seed is not None else None
                 seen = (torch.tensor([prompt], device=self.backend.device) if s.repetition_penalty != 1.0 else None)
-                # at its last prompt token: advance moves it to the first generated one
+                # at its last prompt token: take moves it to the first generated one
                 self.rows.append(Row(job, k, 0, len(prompt) - 1, self.column - len(prompt), 0, random, seen))
         self.take(list(zip(self.rows[first:], self.pick(self.rows[first:], logits[:joined]))))
 
@@ -282,7 +290,7 @@ class ContinuousScheduler(SchedulerBase):
         touched = {}
         for r, token in picked:
             s = r.job.sampling
-            progress = touched[id(r.job)] = self.running[id(r.job)]
+            progress = touched[r.job] = self.running[r.job]
             progress.tokens[r.prompt] = token
             r.token, r.position, r.generated = token, r.position + 1, r.generated + 1
             if r.seen is not None:
@@ -308,7 +316,7 @@ class ContinuousScheduler(SchedulerBase):
             self.batch.slot_mask[index].copy_(self.batch.slot_mask[last])
             self.rows[index] = self.rows[last]
         self.rows.pop()
-        progress = self.running.get(id(row.job))
+        progress = self.running.get(row.job)
         if progress is not None:
             progress.live -= 1
         if not self.rows:

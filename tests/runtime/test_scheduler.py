@@ -149,3 +149,22 @@ def test_greedy_rows_with_nobody_waiting_run_chunks_on_the_device(model, monkeyp
     assert results[0].rows(()) == [free]
     assert results[1].rows(stop.stop_tokens) == [free[:free.index(free[10]) + 1]]
     assert chunks and max(chunks) == scheduling.GREEDY_CHUNK
+
+
+def test_a_failing_prefill_ends_its_jobs_and_the_scheduler_goes_on(model, monkeypatch):
+    backend = TorchCompiledBackend(model, "fp32", "cpu", compile=False)
+    scheduler = ContinuousScheduler(backend, pad_id=0, max_rows=2)
+    prefill, failing = backend.prefill, [True]
+
+    def prefill_once_failing(batch, last_only=True):
+        if failing.pop() if failing else False:
+            raise RuntimeError("out of memory")
+        return prefill(batch, last_only)
+
+    monkeypatch.setattr(backend, "prefill", prefill_once_failing)
+    scheduler.start()
+    broken, fine = Collected(), Collected()
+    scheduler.submit(Job([[464, 2068]], Sampling(max_new_tokens=3), broken))
+    assert broken.done.wait(30) and isinstance(broken.error, RuntimeError)
+    scheduler.submit(Job([[818, 262]], Sampling(max_new_tokens=3), fine))
+    assert fine.done.wait(30) and fine.rows(()) == alone(model, [[818, 262]], Sampling(max_new_tokens=3))
