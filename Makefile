@@ -7,23 +7,36 @@ VENV    ?= .venv
 PRESET  ?= tiny
 RUN     ?= $(PRESET)
 ART     ?= artifacts
-# The CPU build unless a torch is already there: keep a CUDA torch you installed yourself.
-TORCH   ?= torch==2.13.0
-EXTRAS  ?= cpu,quant,trt-rtx,serve,dev
-ARGS    ?=
+# torch: the CPU build of 2.13 unless a torch is already there (a CUDA torch you installed is kept;
+# TORCH=... on the command line replaces it). TORCH_INDEX: the package index pip takes torch from,
+# e.g. PyTorch's CPU wheel index, so a CPU machine never pulls a CUDA build (empty: pip's default).
+TORCH       ?= torch==2.13.0
+TORCH_INDEX ?=
+EXTRAS      ?= cpu,quant,trt-rtx,serve,dev
+ARGS        ?=
+comma := ,
+# the tiny preset's bench (a CPU's): batch 64 costs minutes there and shows nothing batch 8 does not
+BENCH_ARGS  ?= $(if $(filter tiny,$(PRESET)),--batch 1$(comma)8)
 
 CLI   := $(VENV)/bin/gpt2-deploy
 STAGE := --preset $(PRESET) --run $(RUN) --artifacts $(ART) $(ARGS)
 
-.PHONY: all install finetune export build-engine validate bench profile train-bench doctor test clean
+.PHONY: all install finetune export build-engine validate bench profile train-bench doctor test clean FORCE
 # the main job: every stage on the embedded default, end to end
 all: finetune export build-engine validate bench
 
 install: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+# what was asked for: a change of EXTRAS, TORCH or TORCH_INDEX redoes the install
+SPEC := $(TORCH) $(TORCH_INDEX) [$(EXTRAS)]
+$(VENV)/.install-spec: FORCE
+	@mkdir -p $(VENV)
+	@echo '$(SPEC)' | cmp -s - $@ || echo '$(SPEC)' > $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.install-spec
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(VENV)/bin/python -m pip install -q "$(TORCH)"
+	if [ "$(origin TORCH)" = "command line" ] || ! $(VENV)/bin/python -c "import torch" 2>/dev/null; then \
+	  $(VENV)/bin/python -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)"); fi
 	$(VENV)/bin/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
@@ -40,7 +53,7 @@ validate: export
 	$(CLI) validate $(STAGE)
 
 bench: export
-	$(CLI) bench $(STAGE)
+	$(CLI) bench $(STAGE) $(BENCH_ARGS)
 
 profile: install
 	$(CLI) profile $(STAGE)

@@ -1,13 +1,16 @@
 """`gpt2-deploy bench`: latency and throughput of every backend x precision x batch size, through
 the one generation runtime, on the same prompts, in one process.
 
-Method: each backend is opened once (load/compile/build time recorded apart), warmed up with a
-full untimed generation per batch size, then timed over `repeats` generations:
-- end to end, with one device synchronisation at the end (tokens/s comes from this);
-- token by token with CUDA events (host clock on a CPU): time to first token, per-token p50/p90/p99;
-- token by token with the host waiting for each token, as a streaming client does (p50 only).
-Medians over repeats. Every row's speed-up is over eager PyTorch at the same precision (or the
-closest float one, named in the row) and batch, measured in this same run."""
+Method: every backend is opened (load/compile/build time recorded apart) and warmed up with a
+full untimed generation per batch size; then `repeats` rounds each time one generation of every
+(backend, batch), interleaved so that a load on the machine falls on all rows alike. Every figure
+of a row comes from the same passes, each timed end to end with one device synchronisation at the
+end (tokens/s) and token by token with CUDA events (the host clock on a CPU): time to first token,
+per-token p50/p90/p99. A row reports the spread of its passes' tokens/s, and is flagged noisy when
+that, or its baseline's, is over NOISY_SPREAD: its ratio then says little. On a GPU one more pass
+has the host wait for every token, as a streaming client does (p50 only). Every row's speed-up is
+over eager PyTorch at the same precision (or the closest float one, named in the row) and batch,
+measured in this same run."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import gc
 import platform
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -31,6 +35,8 @@ from pipeline.runtime.generate import Generator
 from pipeline.runtime.loader import open_backend
 from pipeline.runtime.sampling import Sampling
 from pipeline.tokenizer import load_tokenizer
+
+NOISY_SPREAD = 0.15  # (max - min) / median of a row's passes' tokens/s beyond which its ratio says little
 
 
 @dataclass
@@ -56,6 +62,10 @@ class Row:
     decode_ms_p50_synced: float | None = None  # the host waiting for every token (a streaming client)
     e2e_ms: float | None = None
     tokens_per_s: float | None = None
+    tokens_per_s_min: float | None = None  # the slowest and fastest of the row's passes
+    tokens_per_s_max: float | None = None
+    spread: float | None = None  # (max - min) / median of the passes' tokens/s
+    noisy: bool = False  # the row's spread, or its baseline's, is over NOISY_SPREAD
     peak_memory_mib: float | None = None
     load_s: float | None = None  # open the backend: load weights, deserialise an engine, create a session
     warmup_s: float | None = None  # first generation at this batch: compilation, CUDA-graph capture, autotuning
@@ -100,27 +110,36 @@ def synced_token_times(gen: Generator, prompts: Prompts, sampling: Sampling, dev
     return stamps
 
 
-def time_generation(backend: Backend, prompts: Prompts, sampling: Sampling, repeats: int) -> dict:
-    gen, device = Generator(backend), backend.device
-    e2e, ttft, steps, synced = [], [], [], []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        for _ in gen.stream(prompts, sampling):
-            pass
-        synchronize(device)
-        e2e.append(time.perf_counter() - start)
-        marks = token_times(gen, prompts, sampling, device)
-        ttft.append(marks[0])
-        steps += list(np.diff(marks))
-        synced += list(np.diff(synced_token_times(gen, prompts, sampling, device))) if device.type == "cuda" else []
-    ms = np.array(steps) * 1e3
-    e2e_s = statistics.median(e2e)
-    return {"ttft_ms": statistics.median(ttft) * 1e3, "decode_ms_p50": float(np.percentile(ms, 50)),
+def timed_pass(gen: Generator, prompts: Prompts, sampling: Sampling, device: torch.device) -> tuple[float, list[float]]:
+    """One generation: seconds end to end (the host waits once, at the end) and each token's mark
+    (token_times'), from the same pass."""
+    synchronize(device)
+    start = time.perf_counter()
+    marks = token_times(gen, prompts, sampling, device)
+    synchronize(device)
+    return time.perf_counter() - start, marks
+
+
+def summarise_passes(passes: list[tuple[float, list[float]]], tokens: int, synced: list[float]) -> dict:
+    """A row's figures, all from the same passes: medians, per-token percentiles and the spread."""
+    e2e = [p[0] for p in passes]
+    rates = [tokens / t for t in e2e]
+    ms = np.concatenate([np.diff(p[1]) for p in passes]) * 1e3
+    median_rate = statistics.median(rates)
+    return {"ttft_ms": statistics.median(p[1][0] for p in passes) * 1e3, "decode_ms_p50": float(np.percentile(ms, 50)),
             "decode_ms_p90": float(np.percentile(ms, 90)), "decode_ms_p99": float(np.percentile(ms, 99)),
             # on a CPU the host clock already waits for every token: the two medians are one
             "decode_ms_p50_synced": float(np.percentile(synced, 50)) * 1e3 if synced else float(np.percentile(ms, 50)),
-            "e2e_ms": e2e_s * 1e3, "tokens_per_s": len(prompts) * sampling.max_new_tokens / e2e_s}
+            "e2e_ms": statistics.median(e2e) * 1e3, "tokens_per_s": median_rate,
+            "tokens_per_s_min": min(rates), "tokens_per_s_max": max(rates),
+            "spread": (max(rates) - min(rates)) / median_rate}
+
+
+def rounds(items: list, repeats: int) -> Iterator:
+    """Each item once per round, `repeats` rounds, each starting one item later than the last."""
+    for r in range(repeats):
+        shift = r % len(items) if items else 0
+        yield from items[shift:] + items[:shift]
 
 
 def environment(device: torch.device) -> dict:
@@ -150,34 +169,45 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
     blocks = heldout_blocks(splits, max(settings.batches), settings.prompt_tokens, "bench batch size", from_end=True)
     sampling = Sampling(max_new_tokens=settings.new_tokens)  # greedy, no stop tokens: every row generates new_tokens
     rows: list[Row] = []
-    for name, precision in progress(settings.pairs, total=len(settings.pairs), description="bench"):
+    opened: dict[tuple[str, str], Backend] = {}
+    live: list[Row] = []  # rows warmed up, to be timed
+    for name, precision in progress(settings.pairs, total=len(settings.pairs), description="bench: open, warm up"):
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         synchronize(device)
         start = time.perf_counter()
         try:
-            backend = open_backend(run, name, precision, device)
+            backend = opened[name, precision] = open_backend(run, name, precision, device)
         except BackendUnavailable as e:
             rows += [Row(name, precision, b, "skipped", str(e)) for b in settings.batches]
             continue
         synchronize(device)
         load_s = time.perf_counter() - start
         for batch in settings.batches:
-            prompts = blocks[:batch]  # one array, as a tokenizer's batch: no Python ints to convert
             try:
                 start = time.perf_counter()
-                for _ in Generator(backend).stream(prompts, sampling):
+                for _ in Generator(backend).stream(blocks[:batch], sampling):
                     pass
                 synchronize(device)
-                warmup_s = time.perf_counter() - start
-                timed = time_generation(backend, prompts, sampling, settings.repeats)
+                row = Row(name, precision, batch, "ok", load_s=load_s, warmup_s=time.perf_counter() - start,
+                          peak_memory_mib=device_memory_mib(device))
             except Exception as e:  # one row failing (out of memory, a profile too small) keeps the others
-                rows.append(Row(name, precision, batch, "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
-                continue
-            rows.append(Row(name, precision, batch, "ok", load_s=load_s, warmup_s=warmup_s,
-                            peak_memory_mib=device_memory_mib(device), **timed))
-        del backend
+                row = Row(name, precision, batch, "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            rows.append(row)
+            live += [row] if row.status == "ok" else []
+    passes: dict[int, list] = {id(row): [] for row in live}
+    for row in progress(list(rounds(live, settings.repeats)), total=len(live) * settings.repeats,
+                        description="bench: timed rounds"):
+        # blocks[:batch]: one array, as a tokenizer's batch: no Python ints to convert
+        gen, prompts = Generator(opened[row.backend, row.precision]), blocks[:row.batch]
+        passes[id(row)].append(timed_pass(gen, prompts, sampling, device))
+    for row in live:
+        gen, prompts = Generator(opened[row.backend, row.precision]), blocks[:row.batch]
+        synced = (list(np.diff(synced_token_times(gen, prompts, sampling, device))) if device.type == "cuda" else [])
+        for key, value in summarise_passes(passes[id(row)], row.batch * sampling.max_new_tokens, synced).items():
+            setattr(row, key, value)
+    opened.clear()
     add_speedups(rows, device)
     result = {"settings": {**asdict(settings), "pairs": [list(p) for p in settings.pairs]},
               "environment": environment(device), "rows": [asdict(r) for r in rows]}
@@ -197,3 +227,4 @@ def add_speedups(rows: list[Row], device: torch.device) -> None:
         if base is not None:
             r.baseline = f"torch {base.precision}"
             r.speedup_vs_eager = r.tokens_per_s / base.tokens_per_s
+        r.noisy = max(r.spread or 0, (base.spread or 0) if base else 0) > NOISY_SPREAD

@@ -22,21 +22,28 @@ def markdown(result: dict) -> str:
     where = env.get("gpu", f"CPU ({env.get('cpu_threads')} threads)")
     lines = [f"# Benchmark: {where}", "",
              f"prompt {st['prompt_tokens']} tokens, {st['new_tokens']} new tokens, greedy; median of {st['repeats']} "
-             f"repeats; torch {env['packages'].get('torch')}, onnxruntime "
+             f"interleaved passes, every figure of a row from the same passes (spread: max - min over the median; "
+             f"noisy: the row's or its baseline's spread is over 15%, its ratio says little); torch {env['packages'].get('torch')}, onnxruntime "
              f"{env['packages'].get('onnxruntime-gpu') or env['packages'].get('onnxruntime')}", "",
-             "| backend | precision | batch | TTFT ms | decode ms p50 | p90 | p99 | p50 host-synced | tokens/s | x eager | vs | memory MiB "
+             "| backend | precision | batch | TTFT ms | decode ms p50 | p90 | p99 | p50 host-synced | tokens/s | spread | x eager | vs | memory MiB "
              "| load s | warm-up s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in result["rows"]:
         if r["status"] != "ok":
-            lines.append(f"| {r['backend']} | {r['precision']} | {r['batch']} | {r['status']}: {r['reason']} ||||||||||||")
+            lines.append(f"| {r['backend']} | {r['precision']} | {r['batch']} | {r['status']}: {r['reason']} |||||||||||||")
             continue
         lines.append(f"| {r['backend']} | {r['precision']} | {r['batch']} | {_fmt(r['ttft_ms'], '.2f')} | "
                      f"{_fmt(r['decode_ms_p50'], '.3f')} | {_fmt(r['decode_ms_p90'], '.3f')} | {_fmt(r['decode_ms_p99'], '.3f')} | "
                      f"{_fmt(r.get('decode_ms_p50_synced'), '.3f')} | "
-                     f"{_fmt(r['tokens_per_s'], ',.0f')} | {_fmt(r['speedup_vs_eager'], '.2f')} | {r['baseline']} | "
+                     f"{_fmt(r['tokens_per_s'], ',.0f')} | {spread(r)} | "
+                     f"{_fmt(r['speedup_vs_eager'], '.2f')}{' (noisy)' if r.get('noisy') else ''} | {r['baseline']} | "
                      f"{_fmt(r['peak_memory_mib'], ',.0f')} | {_fmt(r['load_s'], '.1f')} | {_fmt(r['warmup_s'], '.1f')} |")
     return "\n".join(lines) + "\n"
+
+
+def spread(row: dict) -> str:
+    """The row's passes: ±half their range as a share of the median (older reports have none)."""
+    return "-" if row.get("spread") is None else f"±{50 * row['spread']:.0f}%"
 
 
 def plot(result: dict, path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -19,7 +20,6 @@ from pipeline.progress import console
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="GPT-2 from PyTorch to validated, benchmarked ONNX Runtime and TensorRT engines.")
 _debug = {"on": False}
-SWITCH_INTERVAL_S = 2e-4  # serve's GIL hand-over (see serve())
 
 Preset = Annotated[str, typer.Option(help=f"Model shape and settings: {', '.join(PRESETS)}.")]
 ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="TOML file overriding the preset.")]
@@ -73,11 +73,18 @@ def finetune(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = No
              artifacts: Artifacts = ARTIFACTS_ROOT, force: Force = False,
              model: Annotated[Optional[str], typer.Option(help="Start from a pretrained GPT-2: hub id or local folder.")] = None,
              data: Annotated[Optional[str], typer.Option(help="Text file, folder of text files, or hf:DATASET.")] = None,
-             resume: Annotated[bool, typer.Option(metavar="", help="Continue an interrupted fine-tune.")] = False) -> None:
-    """Fine-tune GPT-2 (AMP, activation checkpointing, gradient accumulation, torch.compile)."""
+             resume: Annotated[bool, typer.Option(metavar="", help="Continue an interrupted fine-tune.")] = False,
+             nproc: Annotated[int, typer.Option(min=1, help="Processes (one per GPU), started through torchrun with "
+                                                "DistributedDataParallel; train.batch_size is per process.")] = 1) -> None:
+    """Fine-tune GPT-2 (AMP, activation checkpointing, gradient accumulation, torch.compile, DDP)."""
     from pipeline.finetune import finetune as run_finetune
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts, model_source=model)
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:  # this command again, once per rank, under torchrun's launcher
+        from pipeline.distributed import launch
+
+        argv = [a for i, a in enumerate(sys.argv[1:]) if not (a.startswith("--nproc") or sys.argv[i] == "--nproc")]
+        raise typer.Exit(launch(nproc, argv))
     if data is not None:
         cfg.data.source = data
     run_finetune(cfg, rundir, resume=resume, force=force)
@@ -211,34 +218,33 @@ def generate(prompt: Annotated[list[str], typer.Argument(help="One or more promp
 def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
           artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
           backend: BackendName = "ort", precision: PrecisionName = "fp32",
-          host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-          port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = 8000,
-          max_body: Annotated[int, typer.Option(min=1024, help="Largest request body in bytes (413 above).")] = 1 << 20,
-          queue: Annotated[int, typer.Option(min=1, help="Requests that may wait to start (429 above).")] = 64,
-          max_rows: Annotated[int, typer.Option(min=1, help="Prompts batched at once (continuous batching).")] = 64,
+          host: Annotated[Optional[str], typer.Option(help="Address to listen on [serve.host: 127.0.0.1].")] = None,
+          port: Annotated[Optional[int], typer.Option(min=1, max=65535, help="Port to listen on [serve.port: 8000].")] = None,
+          max_body: Annotated[Optional[int], typer.Option(min=1024, help="Largest request body in bytes, 413 above [serve.max_body].")] = None,
+          queue: Annotated[Optional[int], typer.Option(min=1, help="Requests that may wait to start, 429 above [serve.queue: 64].")] = None,
+          max_rows: Annotated[Optional[int], typer.Option(min=1, help="Prompts decoded at once, continuous batching [serve.max_rows: 64].")] = None,
           continuous: Annotated[bool, typer.Option(metavar="", help="Batch requests continuously (torch-compiled, triton); "
                                                    "--no-continuous serves one request at a time.")] = True,
-          timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a request may run before it is stopped (504).")] = 120.0,
+          timeout: Annotated[Optional[float], typer.Option(min=0.1, help="Seconds a request may run, 504 after [serve.timeout_s: 120].")] = None,
           docs: Annotated[bool, typer.Option("--docs", metavar="", help="Also serve /docs and /openapi.json.")] = False) -> None:
-    """Serve generation over HTTP (POST /generate, GET /health) from one backend and precision."""
+    """Serve generation over HTTP: OpenAI's /v1/completions, /generate, /batch_generate, /health, /ready, /metrics."""
     try:
-        import uvicorn
-
-        from serve.app import Limits, create_app
+        from serve.app import create_service
+        from serve.server import serve_forever
     except ImportError as e:
         raise UserError(f"serving needs the [serve] extra ({e.name} is missing): pip install 'gpt2-deploy[serve]'") from None
-    from pipeline.runtime.session import open_session
+    from pipeline.tokenizer import load_tokenizer
+    from serve.engine import EngineSpec
 
+    flags = {"host": host, "port": port, "max_body": max_body, "queue": queue, "max_rows": max_rows, "timeout_s": timeout}
+    sets = [*(sets or []), *(f"serve.{key}={value}" for key, value in flags.items() if value is not None)]
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
-    session = open_session(rundir, backend, precision, _device(device))
-    limits = Limits(body_bytes=max_body, queue=queue, timeout_s=timeout, max_rows=max_rows)
-    # the scheduler thread waits on the device with the GIL released; at Python's default 5 ms switch
-    # interval it then waits that long for the event loop to hand the GIL back, every step
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    console.print(f"serve: {backend} {precision} from {rundir.root} on http://{host}:{port}", markup=False)
-    # SIGTERM: uvicorn stops accepting and lets in-flight requests finish, for at most this long
-    uvicorn.run(create_app(session, limits, docs, continuous), host=host, port=port, log_level="warning",
-                timeout_graceful_shutdown=30)
+    settings = cfg.serve
+    spec = EngineSpec(rundir.root.resolve(), backend, precision, str(_device(device)), settings.max_rows, continuous)
+    service = create_service(spec, load_tokenizer(rundir.checkpoint), settings, settings.model_name or cfg.run_name, docs)
+    console.print(f"serve: {backend} {precision} from {rundir.root} on http://{settings.host}:{settings.port} "
+                  f"(ready in {service.startup_s:.1f} s)", markup=False)
+    serve_forever(service, settings.host, settings.port, settings.drain_s)
 
 
 @app.command()
@@ -252,6 +258,7 @@ def loadtest(url: Annotated[str, typer.Argument(help="The server, e.g. http://12
              ignore_eos: Annotated[bool, typer.Option(metavar="", help="Every request generates max-tokens.")] = True,
              duration: Annotated[float, typer.Option(min=1.0, help="Seconds measured per load level.")] = 15.0,
              warmup: Annotated[float, typer.Option(min=0.0, help="Seconds of load before each measurement.")] = 2.0,
+             workers: Annotated[int, typer.Option(min=0, help="Client processes (0: one per 16 clients, up to the cores).")] = 0,
              out: Annotated[Path, typer.Option(help="Folder for loadtest.json, .md and .png.")] = ARTIFACTS_ROOT / "loadtest") -> None:
     """Measure a running server as clients see it: throughput, time to first token, inter-token latency."""
     from pipeline.loadtest import LoadSettings, write_reports
@@ -263,7 +270,8 @@ def loadtest(url: Annotated[str, typer.Argument(help="The server, e.g. http://12
         raise UserError(f"--concurrency {concurrency!r}: give comma-separated whole numbers, e.g. 1,8,64") from None
     if not rate and (not levels or min(levels) < 1):
         raise UserError(f"--concurrency {concurrency!r}: give at least one number of clients, each at least 1")
-    settings = LoadSettings(url.rstrip("/"), levels, rate, prompt_tokens, max_tokens, spread, ignore_eos, duration, warmup)
+    settings = LoadSettings(url.rstrip("/"), levels, rate, prompt_tokens, max_tokens, spread, ignore_eos, duration, warmup,
+                            workers=workers)
     write_reports(run_loadtest(settings), out)
 
 

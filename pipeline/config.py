@@ -87,6 +87,20 @@ class EngineConfig:
     workspace_gib: float = 16.0  # tactic scratch space; 4 GiB made the 124M build run out on an H200
 
 
+@dataclass
+class ServeConfig:
+    """`gpt2-deploy serve`'s limits; its flags override them."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str = ""  # the model id /v1 answers to; "" = the run's name
+    max_rows: int = 64  # prompts decoded at once, all requests together (continuous batching)
+    max_prompts: int = 64  # prompts in one request
+    queue: int = 64  # requests waiting to start beyond this many get 429
+    timeout_s: float = 120.0  # a request still running after this is stopped (504)
+    max_body: int = 1 << 20  # request bodies over this many bytes get 413
+    drain_s: float = 30.0  # on SIGTERM, how long requests in flight may still run before the server exits
+
+
 def _default_budgets() -> dict[str, Budget]:
     return {name: dataclasses.replace(p.budget) for name, p in PRECISIONS.items()}
 
@@ -111,6 +125,7 @@ class Config:
     export: ExportConfig = field(default_factory=ExportConfig)
     validate: ValidateConfig = field(default_factory=ValidateConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
     @property
     def run_name(self) -> str:
@@ -126,6 +141,14 @@ class Config:
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # The 124M GPT-2 shape, trained the way nanoGPT trains it.
     "gpt2": {},
+    # The published larger shapes (355M, 774M, 1.5B), fine-tuned at a lower rate, with smaller
+    # micro-batches (more accumulation: the same 64-block step) and activation checkpointing past 124M.
+    "gpt2-medium": {"model": {"n_layer": 24, "n_head": 16, "n_embd": 1024},
+                    "train": {"lr": 3e-4, "batch_size": 8, "grad_accum": 8, "checkpointing": True}},
+    "gpt2-large": {"model": {"n_layer": 36, "n_head": 20, "n_embd": 1280},
+                   "train": {"lr": 2.5e-4, "batch_size": 8, "grad_accum": 8, "checkpointing": True}},
+    "gpt2-xl": {"model": {"n_layer": 48, "n_head": 25, "n_embd": 1600},
+                "train": {"lr": 2e-4, "batch_size": 4, "grad_accum": 16, "checkpointing": True}},
     # A few layers with GPT-2's real vocabulary: the whole pipeline in minutes on 2 CPU cores.
     "tiny": {
         "model": {"n_layer": 2, "n_head": 4, "n_embd": 128, "n_positions": 256},
@@ -294,6 +317,14 @@ def validate_config(cfg: Config) -> None:
         (0 <= g.optimization_level <= 5, "engine.optimization_level must be in 0..5"),
         (g.workspace_gib > 0, "engine.workspace_gib must be positive"),
         (all(re.fullmatch(r"sm\d{2,3}", t) for t in g.targets), f"engine.targets {g.targets}: use names like sm86,sm89,sm120"),
+    ]
+    sv = cfg.serve
+    checks += [
+        (1 <= sv.port <= 65535, f"serve.port {sv.port}: use 1-65535"),
+        (sv.max_rows >= 1 and sv.max_prompts >= 1 and sv.queue >= 1,
+         "serve.max_rows, max_prompts and queue must be at least 1"),
+        (sv.timeout_s > 0 and sv.drain_s >= 0, "serve.timeout_s must be positive and serve.drain_s not negative"),
+        (sv.max_body >= 1024, "serve.max_body must be at least 1024 bytes"),
     ]
     for name, b in v.budgets.items():
         checks.append((b.max_rel_error >= 0 and b.max_perplexity_change >= 0 and 0 <= b.min_top1_clear <= 1

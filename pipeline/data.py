@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
 import sysconfig
 import warnings
 from dataclasses import dataclass
@@ -185,17 +186,31 @@ class PackedBlocks(Dataset):
 
 class ResumableSampler(Sampler[int]):
     """An endless stream of shuffled block indices, a fresh permutation per epoch, that can
-    start at any position: resuming at sample k yields exactly what an uninterrupted run would."""
+    start at any position: resuming at sample k yields exactly what an uninterrupted run would.
 
-    def __init__(self, n: int, seed: int, start: int = 0):
+    Across `world` ranks the stream is the same one, cut into micro-batches of `batch` x `world`
+    samples of which rank r takes the r-th `batch`: the ranks together see what one process with
+    batch x world samples a micro-batch sees, and `start` counts samples of all ranks, so a run
+    resumes at another rank count in the same data order."""
+
+    def __init__(self, n: int, seed: int, start: int = 0, rank: int = 0, world: int = 1, batch: int = 1):
         self.n, self.seed, self.start = n, seed, start
+        self.rank, self.world, self.batch = rank, world, batch
 
-    def __iter__(self):
+    def stream(self):
         epoch, offset = divmod(self.start, self.n)
         while True:
             order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
             yield from order[offset:]
             epoch, offset = epoch + 1, 0
+
+    def __iter__(self):
+        if self.world == 1:
+            yield from self.stream()
+            return
+        stream, mine = self.stream(), slice(self.rank * self.batch, (self.rank + 1) * self.batch)
+        while True:
+            yield from list(itertools.islice(stream, self.batch * self.world))[mine]
 
 
 def heldout_blocks(splits: Splits, count: int, block_size: int, option: str, from_end: bool = False) -> np.ndarray:

@@ -23,6 +23,14 @@ from torch.utils.data import DataLoader
 from pipeline.artifacts import RunDir, atomic_dir, atomic_write_json, fingerprint
 from pipeline.config import Config
 from pipeline.data import PackedBlocks, ResumableSampler, prepare_data
+from pipeline.distributed import (
+    Ranks,
+    any_rank,
+    barrier,
+    process_group,
+    rank_device,
+    ranks_from_env,
+)
 from pipeline.errors import Interrupted, UserError
 from pipeline.model import load_gpt2, new_model, resolve_device, shape_of
 from pipeline.progress import console, progress_task
@@ -33,8 +41,11 @@ STATE_FILE = "state.pt"
 FINAL_EVAL_BATCHES = 200
 
 
-def stage_fingerprint(cfg: Config, data_hashes: dict[str, str]) -> str:
-    return fingerprint(cfg.model_source, cfg.section("model"), cfg.section("train"), cfg.data.block_size, data_hashes)
+def stage_fingerprint(cfg: Config, data_hashes: dict[str, str], world: int = 1) -> str:
+    """What the checkpoint depends on. The batch is the global one (train.batch_size is per rank), so
+    a run stopped at one rank count resumes at another with the same global batch."""
+    train = {**cfg.section("train"), "batch_size": cfg.train.batch_size * world}
+    return fingerprint(cfg.model_source, cfg.section("model"), train, cfg.data.block_size, data_hashes)
 
 
 @contextlib.contextmanager
@@ -71,11 +82,12 @@ def _ignore_stop_signals(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def _loader(dataset: PackedBlocks, cfg: Config, device: torch.device, start: int):
+def _loader(dataset: PackedBlocks, cfg: Config, device: torch.device, start: int, ranks: Ranks):
     t = cfg.train
+    sampler = ResumableSampler(len(dataset), t.seed, start, ranks.rank, ranks.world, t.batch_size)
     # its own generator: worker seeding must not draw from the global RNG that dropout uses,
     # or a resumed run would diverge from an uninterrupted one
-    loader = DataLoader(dataset, batch_size=t.batch_size, sampler=ResumableSampler(len(dataset), t.seed, start),
+    loader = DataLoader(dataset, batch_size=t.batch_size, sampler=sampler,
                         num_workers=t.num_workers, pin_memory=device.type == "cuda",
                         persistent_workers=t.num_workers > 0, generator=torch.Generator().manual_seed(t.seed),
                         worker_init_fn=_ignore_stop_signals if t.num_workers > 0 else None)
@@ -89,11 +101,23 @@ def _eval_batches(dataset: PackedBlocks, batch_size: int, limit: int):
 
 def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False,
              on_step: Callable[[int], None] | None = None) -> dict:
-    """Run (or resume) fine-tuning; returns the report. `on_step(step)` is called after each step."""
-    run.ensure_writable()
+    """Run (or resume) fine-tuning; returns the report. `on_step(step)` is called after each step.
+    Under torchrun every rank runs this (pipeline.distributed); rank 0 writes what lands."""
+    ranks = ranks_from_env()
+    device = rank_device(resolve_device(cfg.train.device), ranks)
+    with process_group(ranks, device):
+        return _finetune(cfg, run, resume, force, on_step, ranks, device)
+
+
+def _finetune(cfg: Config, run: RunDir, resume: bool, force: bool, on_step: Callable[[int], None] | None,
+              ranks: Ranks, device: torch.device) -> dict:
     tokenizer = embedded_gpt2_tokenizer()
-    splits = prepare_data(cfg, run, tokenizer, force=force)
-    stage_fp = stage_fingerprint(cfg, run.artifact_hashes("data"))
+    if ranks.main:  # the data is prepared once; the other ranks then read it
+        run.ensure_writable()
+        prepare_data(cfg, run, tokenizer, force=force)
+    barrier(ranks)
+    splits = prepare_data(cfg, run, tokenizer)
+    stage_fp = stage_fingerprint(cfg, run.artifact_hashes("data"), ranks.world)
     state_path = run.train_state / STATE_FILE
     if not force and not resume and run.is_fresh("finetune", stage_fp):
         console.print(f"finetune: {run.checkpoint} is up to date (nothing to do; --force retrains)")
@@ -102,7 +126,6 @@ def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False
     if state is None and state_path.exists() and not force:
         raise UserError(f"{state_path}: an interrupted fine-tune is here; pass --resume to continue it or --force to start over")
 
-    device = resolve_device(cfg.train.device)
     t = cfg.train
     if cfg.model_source:
         model = load_gpt2(cfg.model_source)
@@ -112,7 +135,7 @@ def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False
     if cfg.data.block_size > model.config.n_positions:
         raise UserError(f"data.block_size {cfg.data.block_size} exceeds the model's n_positions {model.config.n_positions}")
     model.to(device)
-    stepper = Stepper(model, t, device)
+    stepper = Stepper(model, t, device, ranks)
     step, samples, history, evals = 0, 0, [], []
     torch.manual_seed(t.seed)
     if state is not None:
@@ -120,34 +143,39 @@ def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False
         stepper.load_state_dict(state["stepper"])
         step, samples, history, evals = state["step"], state["samples"], state["history"], state["evals"]
         _set_rng_state(state["rng"])
-        console.print(f"finetune: resuming at step {step}/{t.steps}")
+        if ranks.main:
+            console.print(f"finetune: resuming at step {step}/{t.steps}")
 
     train_set = PackedBlocks(splits.train, cfg.data.block_size)
     heldout_set = PackedBlocks(splits.heldout, cfg.data.block_size)
-    batches = _loader(train_set, cfg, device, samples)
-    tokens_per_step = t.batch_size * t.grad_accum * cfg.data.block_size
+    batches = _loader(train_set, cfg, device, samples, ranks)
+    samples_per_step = t.batch_size * t.grad_accum * ranks.world  # all ranks: the global batch
+    tokens_per_step = samples_per_step * cfg.data.block_size
     n_params = sum(p.numel() for p in model.parameters())
     peak, device_name = peak_flops(device)
     if step == 0:
         evals.append({"step": 0, "heldout_loss": stepper.evaluate(_eval_batches(heldout_set, t.batch_size, t.eval_batches))})
 
     def save_state() -> None:
+        """Rank 0 writes (every rank holds the same weights and optimizer state); the others wait."""
         if not all(bool(p.isfinite().all()) for p in model.parameters()):  # never overwrite a good state with a diverged one
             raise UserError(f"finetune: the weights are no longer finite at step {step} (the run diverged; lower "
                             f"train.lr); {_kept(run)}")
-        with atomic_dir(run.train_state) as tmp:
-            torch.save({"fingerprint": stage_fp, "model": model.state_dict(), "stepper": stepper.state_dict(),
-                        "step": step, "samples": samples, "history": history, "evals": evals, "rng": _rng_state()},
-                       tmp / STATE_FILE)
+        if ranks.main:
+            with atomic_dir(run.train_state) as tmp:
+                torch.save({"fingerprint": stage_fp, "model": model.state_dict(), "stepper": stepper.state_dict(),
+                            "step": step, "samples": samples, "history": history, "evals": evals,
+                            "rng": _rng_state(), "world": ranks.world}, tmp / STATE_FILE)
+        barrier(ranks)
 
     timed_tokens, timed_seconds = 0, 0.0
-    with _stop_requests() as stop, progress_task("finetune", t.steps) as bar:
+    with _stop_requests() as stop, progress_task("finetune", t.steps, visible=ranks.main) as bar:
         bar.advance(step)
         while step < t.steps:
-            if stop:
+            if any_rank(bool(stop), ranks, device):  # a signal to one rank stops every rank at this step
                 save_state()
                 raise Interrupted(f"finetune: stopped at step {step}/{t.steps}; state saved in {run.train_state}, "
-                                  "continue with --resume", stop[0])
+                                  "continue with --resume", stop[0] if stop else signal.SIGTERM)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             started = time.perf_counter()
@@ -156,7 +184,7 @@ def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False
             if not math.isfinite(loss):
                 raise UserError(f"finetune: the loss is {loss} at step {step + 1} (the run diverged; lower train.lr or "
                                 f"use train.precision=bf16); {_kept(run)}")
-            step, samples = step + 1, samples + t.batch_size * t.grad_accum
+            step, samples = step + 1, samples + samples_per_step
             if step > 1:  # the first step pays for compilation and allocator warm-up
                 timed_tokens, timed_seconds = timed_tokens + tokens_per_step, timed_seconds + elapsed
             tok_s = tokens_per_step / elapsed
@@ -177,22 +205,29 @@ def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False
     report = {
         "device": device_name, "precision": str(stepper.dtype or torch.float32).replace("torch.", ""),
         "checkpointing": t.checkpointing, "compile": t.compile, "steps": step, "tokens_per_step": tokens_per_step,
-        "parameters": n_params, "tokens_per_s": tokens_per_s,
+        "parameters": n_params, "tokens_per_s": tokens_per_s, "ranks": ranks.world,
         "peak_memory_bytes": peak_memory_bytes(device),
         "peak_memory_kind": "cuda max_memory_allocated" if device.type == "cuda" else "process max RSS",
-        "mfu": tokens_per_s * flops_per_token(cfg.model, n_params, cfg.data.block_size) / peak if peak and tokens_per_s else None,
+        "mfu": (tokens_per_s * flops_per_token(cfg.model, n_params, cfg.data.block_size) / (peak * ranks.world)
+                if peak and tokens_per_s else None),
         "mfu_formula": "tokens/s * (6N + 12*L*C*T) / dense bf16 peak of the device (PaLM appendix B)",
         "heldout_loss_start": evals[0]["heldout_loss"], "heldout_loss_final": final_loss,
         "heldout_perplexity_final": float(torch.tensor(final_loss).exp()),
+        # what the perplexity is measured on: validate's is on other blocks (the last ones, calibration's size)
+        "heldout_perplexity_measured_on": f"held-out blocks of data.block_size={cfg.data.block_size} tokens, "
+                                          f"up to {FINAL_EVAL_BATCHES} batches of them",
         "train_loss": history, "heldout_loss": evals,
     }
+    if not ranks.main:
+        return report
     _write_checkpoint(model, tokenizer, run.checkpoint)
     atomic_write_json(run.reports / "finetune.json", report)
     run.record("finetune", [run.checkpoint, run.reports / "finetune.json"], stage_fp, cfg.to_dict())
     if run.train_state.exists():
         shutil.rmtree(run.train_state)
     console.print(f"finetune: held-out loss {report['heldout_loss_start']:.3f} -> {final_loss:.3f} "
-                  f"(perplexity {report['heldout_perplexity_final']:.1f}); checkpoint in {run.checkpoint}")
+                  f"(perplexity {report['heldout_perplexity_final']:.1f} on the held-out {cfg.data.block_size}-token "
+                  f"blocks); checkpoint in {run.checkpoint}")
     return report
 
 

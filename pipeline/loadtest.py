@@ -1,7 +1,9 @@
-"""`gpt2-deploy loadtest URL`: what clients of a running `serve` measure. Streaming clients send
-requests back to back (closed loop, `--concurrency`), or requests arrive at a Poisson rate (open
-loop, `--rate`); time to first token, inter-token latency and end-to-end latency are measured at the
-client, per request, and the throughput is the generated tokens the clients received per second.
+"""`gpt2-deploy loadtest URL`: what clients of a running `serve` (or any OpenAI-compatible server:
+it speaks /v1/completions) measure. Streaming clients send requests back to back (closed loop,
+`--concurrency`), or requests arrive at a Poisson rate (open loop, `--rate`); time to first token,
+inter-token latency (the gap between stream chunks), time per output token and end-to-end latency
+are measured at the client, per request, and the throughput is the generated tokens the clients
+received per second.
 
 Each concurrency (or rate) of a sweep runs for `--duration` seconds after `--warmup` seconds that
 are not counted; requests in flight at the end run to completion and count towards latency only."""
@@ -10,8 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
+import multiprocessing
+import os
 import random
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -19,7 +25,9 @@ import numpy as np
 from pipeline.errors import UserError
 from pipeline.progress import console
 
-EVENT = 'data: {"tokens"'
+# one Python process parses about 10,000 stream chunks a second: past that the clients, not the
+# server, set the figures (docs/performance.md, "Serving"), so the clients spread over processes
+CLIENTS_PER_WORKER, RATE_PER_WORKER = 16, 50.0
 
 
 @dataclass
@@ -34,14 +42,20 @@ class LoadSettings:
     duration_s: float = 15.0
     warmup_s: float = 2.0
     seed: int = 0
+    workers: int = 0  # client processes; 0 = one per CLIENTS_PER_WORKER clients (or RATE_PER_WORKER req/s), up to the cores
 
 
 @dataclass
 class Sample:
     ttft: float
-    itls: list[float]
+    itls: list[float]  # gaps between a request's stream chunks, as vLLM's benchmark counts them
     e2e: float
     tokens: int
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first."""
+        return (self.e2e - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
 
 
 @dataclass
@@ -51,8 +65,14 @@ class Run:
     samples: list[Sample] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
 
-    def error(self, what: str) -> None:
-        self.errors[what] = self.errors.get(what, 0) + 1
+    def error(self, what: str, count: int = 1) -> None:
+        self.errors[what] = self.errors.get(what, 0) + count
+
+    def merge(self, other: Run) -> None:
+        self.arrivals += other.arrivals
+        self.samples += other.samples
+        for what, count in other.errors.items():
+            self.error(what, count)
 
 
 def prompt_texts(count: int, tokens: int, spread: float, rng: random.Random) -> list[str]:
@@ -78,53 +98,67 @@ def lengths(n: int, spread: float, rng: random.Random) -> int:
     return max(1, round(n * (1 + spread * (2 * rng.random() - 1))))
 
 
-async def one_request(client, settings: LoadSettings, prompt: str, rng: random.Random, run: Run) -> None:
-    body = {"prompt": prompt, "max_new_tokens": lengths(settings.max_tokens, settings.spread, rng), "stream": True,
-            "ignore_eos": settings.ignore_eos}
-    started, marks = time.perf_counter(), []
+async def one_request(client, settings: LoadSettings, model: str, prompt: str, rng: random.Random, run: Run) -> None:
+    """One streaming /v1/completions request, greedy. Tokens are counted from the usage each chunk
+    carries (vLLM's continuous_usage_stats; one token a chunk where a server sends none)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": lengths(settings.max_tokens, settings.spread, rng),
+            "temperature": 0, "stream": True, "ignore_eos": settings.ignore_eos,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    started, marks, tokens = time.perf_counter(), [], 0
     try:
-        async with client.stream("POST", f"{settings.url}/generate", json=body) as reply:
+        async with client.stream("POST", f"{settings.url}/v1/completions", json=body) as reply:
             if reply.status_code != 200:
                 await reply.aread()
                 run.error(f"HTTP {reply.status_code}")
                 return
             async for line in reply.aiter_lines():
-                if line.startswith(EVENT):
-                    marks.append(time.perf_counter())
-                elif line.startswith("event: error"):
-                    run.error("error event")
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    run.error("error in stream")
                     return
+                if not chunk["choices"]:  # the closing usage chunk
+                    continue
+                now = time.perf_counter()
+                count = (chunk.get("usage") or {}).get("completion_tokens", tokens + 1)
+                if count > tokens:
+                    run.arrivals += [now] * (count - tokens)
+                    marks.append(now)
+                    tokens = count
     except Exception as e:  # a refused or dropped connection is a result here, not a crash
         run.error(type(e).__name__)
         return
     if not marks:
         run.error("no tokens")
         return
-    run.arrivals += marks
-    run.samples.append(Sample(marks[0] - started, list(np.diff(marks)), time.perf_counter() - started, len(marks)))
+    run.samples.append(Sample(marks[0] - started, list(np.diff(marks)), time.perf_counter() - started, tokens))
 
 
-async def closed_loop(settings: LoadSettings, clients: int, prompts: list[str], stop: float) -> Run:
+async def closed_loop(settings: LoadSettings, model: str, clients: int, prompts: list[str], stop: float,
+                      rng: random.Random) -> Run:
     import httpx
 
-    run, rng = Run(), random.Random(settings.seed)
+    run = Run()
     limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         async def client_loop() -> None:
             while time.perf_counter() < stop:
-                await one_request(client, settings, prompts[rng.randrange(len(prompts))], rng, run)
+                await one_request(client, settings, model, prompts[rng.randrange(len(prompts))], rng, run)
         await asyncio.gather(*(client_loop() for _ in range(clients)))
     return run
 
 
-async def open_loop(settings: LoadSettings, rate: float, prompts: list[str], stop: float) -> Run:
+async def open_loop(settings: LoadSettings, model: str, rate: float, prompts: list[str], stop: float,
+                    rng: random.Random) -> Run:
     import httpx
 
-    run, rng = Run(), random.Random(settings.seed)
+    run = Run()
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=None)) as client:
         tasks = []
         while time.perf_counter() < stop:
-            tasks.append(asyncio.create_task(one_request(client, settings, prompts[rng.randrange(len(prompts))], rng, run)))
+            prompt = prompts[rng.randrange(len(prompts))]
+            tasks.append(asyncio.create_task(one_request(client, settings, model, prompt, rng, run)))
             await asyncio.sleep(rng.expovariate(rate))
         await asyncio.gather(*tasks)
     return run
@@ -142,17 +176,22 @@ def summarise(run: Run, level: dict, window: tuple[float, float]) -> dict:
     return {**level, "requests": len(run.samples), "errors": run.errors,
             "tokens_per_s": counted / (end - begin), "ttft_ms": percentiles([s.ttft for s in run.samples]),
             "itl_ms": percentiles([x for s in run.samples for x in s.itls]),
+            "tpot_ms": percentiles([s.tpot for s in run.samples if s.tpot is not None]),
             "e2e_ms": percentiles([s.e2e for s in run.samples]),
             "tokens_per_request": float(np.mean([s.tokens for s in run.samples])) if run.samples else None}
 
 
 def server_info(url: str) -> dict:
+    """The served model (/v1/models) and, from a gpt2-deploy server, what it runs (/health)."""
     import httpx
     try:
-        return httpx.get(f"{url}/health", timeout=10).json()
-    except (httpx.HTTPError, ValueError) as e:
-        raise UserError(f"{url}: no gpt2-deploy server answers there ({type(e).__name__}); start one with "
+        models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
+        health = httpx.get(f"{url}/health", timeout=10)
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{url}: no OpenAI-compatible server answers there ({type(e).__name__}); start one with "
                         "`gpt2-deploy serve`") from None
+    info = health.json() if health.status_code == 200 else {}
+    return {**info, "model": models[0]["id"]}
 
 
 def loadtest(settings: LoadSettings) -> dict:
@@ -168,16 +207,43 @@ def loadtest(settings: LoadSettings) -> dict:
     for level in levels:
         begin = time.perf_counter() + settings.warmup_s
         stop = begin + settings.duration_s
-        if settings.rate:
-            run = asyncio.run(open_loop(settings, settings.rate, prompts, stop))
-        else:
-            run = asyncio.run(closed_loop(settings, level["concurrency"], prompts, stop))
-        rows.append(summarise(run, level, (begin, stop)))
+        run, workers = run_level(settings, server["model"], level, prompts, stop)
+        rows.append({**summarise(run, level, (begin, stop)), "client_processes": workers})
         r = rows[-1]
         console.print(f"loadtest {level}: {r['tokens_per_s']:,.0f} tokens/s, {r['requests']} requests, "
                       f"TTFT p50 {fmt(r['ttft_ms']['p50'])} ms, ITL p50 {fmt(r['itl_ms']['p50'], '.3f')} ms, "
+                      f"TPOT p50 {fmt(r['tpot_ms']['p50'], '.3f')} ms, "
                       f"errors {sum(r['errors'].values())}", highlight=False)
     return {"settings": asdict(settings), "server": server, "client": environment(torch.device("cpu")), "rows": rows}
+
+
+def run_level(settings: LoadSettings, model: str, level: dict, prompts: list[str], stop: float) -> tuple[Run, int]:
+    """One load level, its clients (or arrival rate) split over worker processes. perf_counter is the
+    system's monotonic clock on Linux, so the workers' times compare with this process's window."""
+    load = level.get("concurrency") or level["rate"]
+    per = CLIENTS_PER_WORKER if "concurrency" in level else RATE_PER_WORKER
+    workers = max(1, min(settings.workers or -(-int(load) // int(per)) or 1, os.cpu_count() or 1))
+    if "concurrency" in level:
+        workers = min(workers, level["concurrency"])
+        shares = [{"concurrency": level["concurrency"] // workers + (i < level["concurrency"] % workers)}
+                  for i in range(workers)]
+    else:
+        shares = [{"rate": level["rate"] / workers} for _ in range(workers)]
+    jobs = [(settings, model, share, prompts, stop, settings.seed + i) for i, share in enumerate(shares)]
+    if workers == 1:
+        return client_worker(*jobs[0]), 1
+    run = Run()
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for part in pool.map(client_worker, *zip(*jobs)):
+            run.merge(part)
+    return run, workers
+
+
+def client_worker(settings: LoadSettings, model: str, share: dict, prompts: list[str], stop: float, seed: int) -> Run:
+    rng = random.Random(seed)
+    if "rate" in share:
+        return asyncio.run(open_loop(settings, model, share["rate"], prompts, stop, rng))
+    return asyncio.run(closed_loop(settings, model, share["concurrency"], prompts, stop, rng))
 
 
 def fmt(value, spec: str = ".1f") -> str:
@@ -186,17 +252,21 @@ def fmt(value, spec: str = ".1f") -> str:
 
 def markdown(result: dict) -> str:
     st, server = result["settings"], result["server"]
-    lines = [f"# Load test: {server.get('backend')} {server.get('precision')} on {server.get('device')}", "",
+    lines = [f"# Load test: {server['model']}, {server.get('backend', '?')} {server.get('precision', '?')} "
+             f"on {server.get('device', '?')}", "",
              f"{st['url']}; prompt ~{st['prompt_tokens']} tokens, {st['max_tokens']} new tokens"
              f"{' (EOS ignored)' if st['ignore_eos'] else ''}, spread {st['spread']}; {st['duration_s']:g} s per level "
              f"after {st['warmup_s']:g} s of warm-up; streaming clients", "",
-             "| load | requests | errors | tokens/s | TTFT ms p50 / p90 / p99 | ITL ms p50 / p90 / p99 | end to end ms p50 / p90 / p99 |",
-             "|---|---:|---:|---:|---|---|---|"]
+             "| load | requests | errors | tokens/s | TTFT ms p50 / p90 / p99 | ITL ms p50 / p90 / p99 | TPOT ms p50 / p90 / p99 | end to end ms p50 / p90 / p99 |",
+             "|---|---:|---:|---:|---|---|---|---|"]
     for r in result["rows"]:
         load = f"{r['concurrency']} clients" if "concurrency" in r else f"{r['rate']:g} req/s"
+        if r.get("client_processes", 1) > 1:
+            load += f" ({r['client_processes']} processes)"
         trio = lambda d, spec=".1f": " / ".join(fmt(d[k], spec) for k in ("p50", "p90", "p99"))  # noqa: E731
         lines.append(f"| {load} | {r['requests']} | {sum(r['errors'].values())} | {r['tokens_per_s']:,.0f} | "
-                     f"{trio(r['ttft_ms'])} | {trio(r['itl_ms'], '.3f')} | {trio(r['e2e_ms'], '.0f')} |")
+                     f"{trio(r['ttft_ms'])} | {trio(r['itl_ms'], '.3f')} | {trio(r['tpot_ms'], '.3f')} | "
+                     f"{trio(r['e2e_ms'], '.0f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -210,7 +280,7 @@ def plot(result: dict, path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.plot(x, [r["tokens_per_s"] for r in rows], marker="o")
     left.set(xlabel="clients" if "concurrency" in rows[0] else "requests/s", ylabel="generated tokens/s", xscale="log")
-    for key, label in (("ttft_ms", "TTFT p50"), ("itl_ms", "ITL p50")):
+    for key, label in (("ttft_ms", "TTFT p50"), ("itl_ms", "ITL p50"), ("tpot_ms", "TPOT p50")):
         right.plot(x, [r[key]["p50"] for r in rows], marker="o", label=label)
     right.set(xlabel=left.get_xlabel(), ylabel="ms", xscale="log", yscale="log")
     right.legend()

@@ -33,8 +33,12 @@ def _bar() -> Progress:
 
 
 @contextlib.contextmanager
-def progress_task(description: str, total: int | None) -> Iterator["Task"]:
-    """A bar whose status text the caller sets, e.g. `task.advance(1, status="loss 3.2")`; lines in a log."""
+def progress_task(description: str, total: int | None, visible: bool = True) -> Iterator["Task"]:
+    """A bar whose status text the caller sets, e.g. `task.advance(1, status="loss 3.2")`; lines in a
+    log; nothing where not `visible` (ranks other than 0 of a distributed run)."""
+    if not visible:
+        yield HiddenTask()
+        return
     if not console.is_terminal:
         task = LoggedTask(description, total)
         yield task
@@ -51,6 +55,11 @@ class Task:
     def advance(self, n: int = 1, status: str | None = None) -> None:
         fields = {} if status is None else {"status": status}
         self._bar.update(self._id, advance=n, **fields)
+
+
+class HiddenTask:
+    def advance(self, n: int = 1, status: str | None = None) -> None:
+        pass
 
 
 class LoggedTask:

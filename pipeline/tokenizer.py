@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 from importlib import resources
 from pathlib import Path
@@ -34,3 +35,57 @@ def load_tokenizer(folder: Path) -> PreTrainedTokenizerBase:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     return tok
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, text: str, what: str = "the prompt") -> list[int]:
+    """Token ids of text, or a UserError naming `what` when it is not text a tokenizer can take
+    (lone surrogates: bytes that were not UTF-8 on a command line, or escapes in JSON)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(f"{what} is not valid UTF-8 text (at character {e.start}); give it as UTF-8") from None
+    return tokenizer(text)["input_ids"]
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE spells each byte as one printable character: that character -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+def token_bytes(tokenizer: PreTrainedTokenizerBase) -> list[bytes]:
+    """The bytes each token id stands for; special tokens (EOS) stand for none, as in decoded text."""
+    alphabet, special = _byte_alphabet(), set(tokenizer.all_special_ids)
+    table = []
+    for i, token in enumerate(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))):
+        if i in special:
+            table.append(b"")
+        elif all(c in alphabet for c in token):
+            table.append(bytes(alphabet[c] for c in token))
+        else:  # a token added as plain text
+            table.append(tokenizer.decode([i]).encode("utf-8"))
+    return table
+
+
+class TextStream:
+    """The text a row of generated tokens adds, token by token, for the cost of a table lookup: a
+    token's bytes go through an incremental UTF-8 decoder, so a token that ends inside a multi-byte
+    character adds nothing until the token that completes it. The pieces join to what the
+    tokenizer's decode of the whole row gives (bytes that never form a character become U+FFFD)."""
+
+    def __init__(self, table: list[bytes]):
+        self.table, self.decoder = table, codecs.getincrementaldecoder("utf-8")("replace")
+
+    def add(self, token: int) -> str:
+        return self.decoder.decode(self.table[token])
+
+    def close(self) -> str:
+        """What is left once the row has ended (an unfinished character, as U+FFFD)."""
+        return self.decoder.decode(b"", final=True)

@@ -9,9 +9,11 @@ from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 from transformers import GPT2LMHeadModel
 
 from pipeline.config import ModelConfig, TrainConfig
+from pipeline.distributed import Ranks, mean_over_ranks
 from pipeline.errors import UserError
 
 # Dense bf16 tensor-core peak from the vendor's data sheets, in TFLOP/s: the MFU denominator.
@@ -76,26 +78,32 @@ class Stepper:
     """One optimizer step over `grad_accum` micro-batches, with AMP, clipping and a GradScaler
     for fp16. Holds everything a resumed run must restore (optimizer, scheduler, scaler)."""
 
-    def __init__(self, model: GPT2LMHeadModel, t: TrainConfig, device: torch.device):
-        self.model, self.t, self.device = model, t, device
+    def __init__(self, model: GPT2LMHeadModel, t: TrainConfig, device: torch.device, ranks: Ranks = Ranks()):
+        self.module, self.t, self.device, self.ranks = model, t, device, ranks
         self.dtype = amp_dtype(t.precision, device)
         if t.checkpointing:
             _enable_activation_checkpointing(model)
+        # several ranks: DistributedDataParallel averages the gradients across them in backward
+        self.model = model if ranks.world == 1 else DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
         self.loss_fn = torch.compile(lm_loss) if t.compile else lm_loss
         self.optimizer = build_optimizer(model, t, device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(t))
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
 
     def step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> float:
-        """Consume grad_accum micro-batches; return their mean loss."""
+        """Consume grad_accum micro-batches; return their mean loss (over every rank's)."""
         self.model.train()
         total = torch.zeros((), device=self.device)
         try:
-            for _ in range(self.t.grad_accum):
+            for i in range(self.t.grad_accum):
                 x, y = (b.to(self.device, non_blocking=True) for b in next(batches))
-                with autocast(self.device, self.dtype):
-                    loss = self.loss_fn(self.model, x, y) / self.t.grad_accum
-                self.scaler.scale(loss).backward()
+                # gradients are averaged across ranks once, in the backward before the optimizer step
+                last = i == self.t.grad_accum - 1
+                with contextlib.nullcontext() if last or self.ranks.world == 1 else self.model.no_sync():
+                    with autocast(self.device, self.dtype):
+                        loss = self.loss_fn(self.model, x, y) / self.t.grad_accum
+                    self.scaler.scale(loss).backward()
                 total += loss.detach()
             if self.t.grad_clip > 0:
                 self.scaler.unscale_(self.optimizer)
@@ -104,6 +112,7 @@ class Stepper:
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
             self.scheduler.step()
+            mean_over_ranks(total, self.ranks)
         except torch.OutOfMemoryError:
             raise UserError(f"out of memory at train.batch_size={self.t.batch_size}: lower it (and raise "
                             "train.grad_accum to keep the effective batch), set train.checkpointing=true, "
@@ -112,11 +121,12 @@ class Stepper:
 
     @torch.no_grad()
     def evaluate(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> float:
-        self.model.eval()
+        """Every rank evaluates the same batches on its own copy (no collective): the same loss."""
+        self.module.eval()
         losses = []
         for x, y in batches:
             with autocast(self.device, self.dtype):
-                losses.append(lm_loss(self.model, x.to(self.device), y.to(self.device)).item())
+                losses.append(lm_loss(self.module, x.to(self.device), y.to(self.device)).item())
         return sum(losses) / len(losses)
 
     def state_dict(self) -> dict:

@@ -80,8 +80,11 @@ def failed(result: dict) -> list[dict]:
 
 
 def table(result: dict) -> Table:
+    blocks = result["inputs"]
     table = Table(title=f"validate vs torch fp32 on {result['device']} (reference perplexity "
-                        f"{result['reference']['perplexity']:.2f})")
+                        f"{result['reference']['perplexity']:.2f} on the last {blocks['perplexity_blocks']} held-out "
+                        f"blocks of {blocks['perplexity_block_tokens']} tokens; finetune's is on every "
+                        f"held-out block of data.block_size)")
     for col in ("backend", "precision", "status", "rel err", "decode err", "max abs", "top-1", "top-1 clear",
                 "greedy same", "first diverge", "ppl change"):
         table.add_column(col, justify="left" if col in ("backend", "precision", "status") else "right")

@@ -4,6 +4,7 @@ import json
 
 from typer.testing import CliRunner
 
+from pipeline.bench import NOISY_SPREAD, rounds, summarise_passes
 from pipeline.bench_report import compare
 from pipeline.cli import app
 from tests.conftest import MICRO, copy_run
@@ -13,7 +14,7 @@ runner = CliRunner()
 
 def _args(run, *extra):
     args = ["bench", "--artifacts", str(run.root.parent), "--run", run.root.name, "--device", "cpu",
-            "--batch", "1,2", "--prompt-tokens", "8", "--new-tokens", "4", "--repeats", "1", *extra]
+            "--batch", "1,2", "--prompt-tokens", "8", "--new-tokens", "4", "--repeats", "2", *extra]
     for s in MICRO:
         args += ["--set", s]
     return args
@@ -35,6 +36,9 @@ def test_bench_writes_json_markdown_and_png(exported_run, tmp_path):
     for r in ok:
         assert r["tokens_per_s"] > 0 and r["ttft_ms"] > 0 and r["decode_ms_p50"] <= r["decode_ms_p99"]
         assert r["speedup_vs_eager"] > 0 and r["baseline"] == "torch fp32"
+        assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"] and r["spread"] >= 0
+        assert r["noisy"] == (r["spread"] > NOISY_SPREAD or next(
+            b["spread"] for b in ok if b["backend"] == "torch" and b["batch"] == r["batch"]) > NOISY_SPREAD)
     assert [r["speedup_vs_eager"] for r in ok if r["backend"] == "torch"] == [1.0, 1.0]
     skipped = [r for r in rows if r["status"] == "skipped"]
     assert skipped and all(r["reason"] for r in skipped)  # trt (no GPU) and torch int8-wo say why
@@ -73,3 +77,19 @@ def test_a_filter_that_selects_nothing_is_refused(tmp_path):
     result = runner.invoke(app, ["validate", "--artifacts", str(tmp_path), "--backend", "triton", "--precision", "int8"])
     assert result.exit_code == 1 and "no backend runs that combination" in result.output
     assert not any(tmp_path.rglob("*.json"))  # nothing half-written
+
+
+def test_a_rows_figures_come_from_the_same_passes_and_agree():
+    """Three passes of 4 tokens on one row: the tokens/s, its spread and the per-token p50 are of
+    those passes, so tokens/s and what TTFT and the p50 predict agree within the spread."""
+    passes = [(0.040, [0.010, 0.020, 0.030, 0.040]), (0.050, [0.011, 0.024, 0.037, 0.050]),
+              (0.044, [0.011, 0.022, 0.033, 0.044])]
+    row = summarise_passes(passes, tokens=8, synced=[])
+    assert row["tokens_per_s"] == 8 / 0.044 and row["tokens_per_s_min"] == 8 / 0.050 and row["tokens_per_s_max"] == 8 / 0.040
+    assert row["spread"] == (8 / 0.040 - 8 / 0.050) / (8 / 0.044)
+    predicted = 8 / ((row["ttft_ms"] + 3 * row["decode_ms_p50"]) / 1e3)
+    assert row["tokens_per_s_min"] <= predicted <= row["tokens_per_s_max"]
+
+
+def test_rounds_interleave_every_row_and_rotate_the_start():
+    assert list(rounds(["a", "b", "c"], 3)) == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]

@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from pipeline.config import PRESETS, load_config
 from pipeline.errors import UserError
@@ -69,3 +70,19 @@ def test_error_labels_name_the_source_and_the_key_apart(tmp_path):
     for value in ("inf", "nan", "-inf"):
         with pytest.raises(UserError, match=f"train.lr = '{value}' is not a finite number"):
             load_config("tiny", overrides=[f"train.lr={value}"])
+
+
+def test_the_larger_presets_have_the_published_shapes():
+    from pipeline.model import new_model
+
+    shapes = {"gpt2-medium": (24, 16, 1024, 354.8e6), "gpt2-large": (36, 20, 1280, 774.0e6),
+              "gpt2-xl": (48, 25, 1600, 1557.6e6)}
+    for preset, (layers, heads, width, params) in shapes.items():
+        cfg = load_config(preset)
+        m = cfg.model
+        assert (m.n_layer, m.n_head, m.n_embd, m.n_positions, m.vocab_size) == (layers, heads, width, 1024, 50257)
+        t = cfg.train
+        assert t.batch_size * t.grad_accum == 64 and t.checkpointing
+        with torch.device("meta"):  # the shape alone: no memory for 1.5B weights
+            n = sum(p.numel() for p in new_model(m, 0).parameters())
+        assert abs(n - params) / params < 0.002, (preset, n)

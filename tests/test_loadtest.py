@@ -13,7 +13,7 @@ pytest.importorskip("fastapi", reason="the [serve] extra is not installed")
 
 @pytest.fixture(scope="module")
 def server(exported_run, tmp_path_factory):
-    from tests.serve.test_app import start_server, stop_server
+    from tests.serve.conftest import start_server, stop_server
 
     _, run, _ = exported_run
     proc, url = start_server(run, tmp_path_factory.mktemp("loadtest") / "server.log")
@@ -36,8 +36,16 @@ def test_a_sweep_measures_every_level_at_the_client(server, tmp_path):
     assert (tmp_path / "loadtest.png").read_bytes().startswith(b"\x89PNG")
 
 
+def test_clients_spread_over_processes_are_counted_together(server):
+    result = loadtest(LoadSettings(server, concurrency=[4], prompt_tokens=8, max_tokens=4, duration_s=2.0, warmup_s=1.0,
+                                   workers=2))
+    row = result["rows"][0]
+    assert row["client_processes"] == 2 and row["errors"] == {} and row["requests"] >= 4
+    assert row["tokens_per_request"] == 4 and row["tokens_per_s"] > 0
+
+
 def test_a_poisson_rate_and_a_missing_server(server, tmp_path):
     result = loadtest(LoadSettings(server, rate=5.0, prompt_tokens=8, max_tokens=3, duration_s=1.5, warmup_s=0.0))
     assert result["rows"][0]["rate"] == 5.0 and result["rows"][0]["requests"] >= 1
-    with pytest.raises(UserError, match="no gpt2-deploy server answers there"):
+    with pytest.raises(UserError, match="no OpenAI-compatible server answers there"):
         loadtest(LoadSettings("http://127.0.0.1:9", duration_s=1.0))

@@ -1,4 +1,11 @@
-from pipeline.tokenizer import embedded_gpt2_tokenizer, load_tokenizer
+import random
+
+from pipeline.tokenizer import (
+    TextStream,
+    embedded_gpt2_tokenizer,
+    load_tokenizer,
+    token_bytes,
+)
 
 
 def test_real_gpt2_ids():
@@ -14,3 +21,17 @@ def test_round_trip_through_a_saved_folder(tmp_path):
     text = "Return the sum of a and b.\n"
     assert tok.decode(tok(text)["input_ids"]) == text
     assert tok.padding_side == "left" and tok.pad_token_id == 50256
+
+
+def test_a_text_stream_adds_up_to_the_tokenizers_decode():
+    """Token by token, through a byte table: the pieces join to what decode gives for the whole row,
+    random ids (broken UTF-8 included), multi-byte characters and EOS alike."""
+    tokenizer = embedded_gpt2_tokenizer()
+    table = token_bytes(tokenizer)
+    rng = random.Random(0)
+    rows = [[rng.randrange(len(table)) for _ in range(rng.randint(1, 30))] for _ in range(200)]
+    rows += [tokenizer("héllo wörld 日本語 🙂 done")["input_ids"] + [tokenizer.eos_token_id]]
+    for row in rows:
+        stream = TextStream(table)
+        text = "".join(stream.add(t) for t in row) + stream.close()
+        assert text == tokenizer.decode([t for t in row if t != tokenizer.eos_token_id])

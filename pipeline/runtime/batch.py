@@ -46,7 +46,7 @@ def unpadded_mask_and_positions(batch: int, width: int, device: torch.device) ->
     return mask, torch.arange(width, device=device).expand(batch, width).contiguous()
 
 
-def left_pad(prompts: Prompts, pad_id: int, device: torch.device) -> Batch:
+def left_pad(prompts: Prompts, pad_id: int, device: torch.device, width: int | None = None) -> Batch:
     """Pad on the left so every row's last prompt token is at the same column; positions count
     real tokens only (as Hugging Face's generate does), so padding does not shift them. Built in
     numpy; a padded batch goes to the device in one copy, since per-row tensors cost milliseconds.
@@ -54,7 +54,10 @@ def left_pad(prompts: Prompts, pad_id: int, device: torch.device) -> Batch:
     A batch without padding (one integer array, as a tokenizer's batch or the bench's prompts, or
     lists of one length) sends nothing: its ids go to the device when first asked for (Batch), and
     the mask and positions of unpadded rows come from unpadded_mask_and_positions, since every host
-    operation here delays the prefill (docs/performance.md)."""
+    operation here delays the prefill (docs/performance.md).
+
+    With `width`, lists are padded to at least that many columns and the batch counts as padded even
+    where no row is: one shape, and one kind of prefill, for every batch of that width."""
     if isinstance(prompts, np.ndarray):
         if prompts.ndim != 2 or not prompts.shape[1] or prompts.dtype.kind not in "iu":
             raise UserError(f"prompts as an array must be integer token ids [batch, tokens] with at least one token; "
@@ -65,10 +68,10 @@ def left_pad(prompts: Prompts, pad_id: int, device: torch.device) -> Batch:
             if not p:
                 raise UserError(f"prompt {i} is empty: give at least one token")
         lengths = np.array([len(p) for p in prompts])
-        ids = np.full((len(prompts), int(lengths.max())), pad_id, dtype=np.int64)
+        ids = np.full((len(prompts), max(int(lengths.max()), width or 0)), pad_id, dtype=np.int64)
         for row, p in zip(ids, prompts):
             row[ids.shape[1] - len(p):] = p
-        padded = bool((lengths < ids.shape[1]).any())
+        padded = width is not None or bool((lengths < ids.shape[1]).any())
     if not padded:
         return Batch(torch.from_numpy(ids), *unpadded_mask_and_positions(*ids.shape, device), padded=False)
     # one copy to the device, from page-locked memory (Batch.input_ids)

@@ -13,15 +13,19 @@ from pipeline.runtime.batch import Prompts, left_pad
 from pipeline.runtime.sampling import Sampling, next_tokens
 
 
+def check_length(prompt_len: int, max_new_tokens: int, limit: int, option: str = "max_new_tokens") -> None:
+    """A UserError naming the limit when a prompt and its new tokens do not fit the model's context."""
+    if prompt_len + max_new_tokens > limit:
+        raise UserError(f"a prompt of {prompt_len} tokens plus {option}={max_new_tokens} exceeds the model's "
+                        f"context of {limit} tokens; shorten the prompt or lower {option}")
+
+
 class Generator:
     def __init__(self, backend: Backend, pad_id: int = 50256):
         self.backend, self.pad_id = backend, pad_id
 
     def check_length(self, prompt_len: int, max_new_tokens: int) -> None:
-        limit = self.backend.n_positions
-        if prompt_len + max_new_tokens > limit:
-            raise UserError(f"a prompt of {prompt_len} tokens plus max_new_tokens={max_new_tokens} exceeds the model's "
-                            f"context of {limit} tokens; shorten the prompt or lower max_new_tokens")
+        check_length(prompt_len, max_new_tokens, self.backend.n_positions)
 
     def stream(self, prompts: Prompts, sampling: Sampling) -> Iterator[torch.Tensor]:
         """Yield the next token of every row, [B], once per step. Rows that have stopped yield pad_id.

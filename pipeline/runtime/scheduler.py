@@ -26,10 +26,11 @@ import torch
 from pipeline.runtime.batch import left_pad
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.sampling import Sampling, next_tokens
-from pipeline.runtime.static.static_backend import StaticCacheBackend
+from pipeline.runtime.static.static_backend import PREFILL_GRAPHS, StaticCacheBackend
 
 SHIFT_COLUMNS = 64  # empty columns in front of every row that make the rows move left
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # decode graphs per row count: a step computes the bucket's rows
+JOIN_ROWS = 16  # prompts one prefill takes; more joining at a step run as several prefills
 # greedy steps run back to back on the device when nobody waits to join and few rows run: there the
 # host's work per step is most of a step; with many rows a chunk held joining requests back (docs/performance.md)
 GREEDY_CHUNK, CHUNK_ROWS = 8, 8
@@ -44,6 +45,14 @@ class Job:
     sampling: Sampling
     deliver: Callable[[object], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    ended: set[int] = field(default_factory=set)  # prompts the consumer needs no more of (a stop string)
+    on_start: Callable[[], None] | None = None  # called as the job leaves the waiting ones
+
+    def end(self, prompt: int) -> None:
+        """Stop one prompt at the next step (its row leaves); the whole job once every prompt is ended."""
+        self.ended.add(prompt)
+        if len(self.ended) == len(self.prompts):
+            self.cancelled.set()
 
 
 class QueueFull(Exception):
@@ -51,20 +60,38 @@ class QueueFull(Exception):
 
 
 class SchedulerBase:
-    """The queue and the thread; a subclass runs what is queued (serve)."""
+    """The queue and the thread; a subclass runs what is queued (serve) and calls `started` as a job
+    leaves the waiting ones (to run, or cancelled before it ran). The cap counts every job not yet
+    started, also those the scheduler has taken from the queue to wait for rows."""
 
     def __init__(self, queue_cap: int):
-        self.waiting: queue.Queue[Job] = queue.Queue(maxsize=queue_cap)
+        self.queue_cap, self.lock, self.unstarted = queue_cap, threading.Lock(), 0
+        self.waiting: queue.Queue[Job] = queue.Queue()
         self.thread = threading.Thread(target=self.serve, name="scheduler", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
     def submit(self, job: Job) -> None:
-        try:
-            self.waiting.put_nowait(job)
-        except queue.Full:
-            raise QueueFull from None
+        with self.lock:
+            if self.unstarted >= self.queue_cap:
+                raise QueueFull
+            self.unstarted += 1
+        self.waiting.put_nowait(job)
+
+    def started(self, job: Job) -> None:
+        with self.lock:
+            self.unstarted -= 1
+        if job.on_start is not None:
+            job.on_start()
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(jobs waiting to start, jobs running)"""
+        return self.unstarted, self.running_jobs()
+
+    def running_jobs(self) -> int:
+        raise NotImplementedError
 
     def serve(self) -> None:
         raise NotImplementedError
@@ -76,12 +103,17 @@ class SerialScheduler(SchedulerBase):
 
     def __init__(self, generator: Generator, queue_cap: int = 64):
         super().__init__(queue_cap)
-        self.generator = generator
+        self.generator, self.busy = generator, False
+
+    def running_jobs(self) -> int:
+        return int(self.busy)
 
     def serve(self) -> None:
         while True:
             job = self.waiting.get()
-            if job.cancelled.is_set():
+            self.busy = not job.cancelled.is_set()
+            self.started(job)
+            if not self.busy:
                 continue
             try:
                 for token in self.generator.stream(job.prompts, job.sampling):
@@ -91,6 +123,7 @@ class SerialScheduler(SchedulerBase):
                 job.deliver(None)
             except Exception as e:  # handed to the job that caused it; the scheduler goes on
                 job.deliver(e)
+            self.busy = False
 
 
 @dataclass(eq=False)
@@ -123,10 +156,21 @@ class ContinuousScheduler(SchedulerBase):
         self.batch = backend.new_slot(max_rows, self.columns)
         sizes = sorted({b for b in ROW_BUCKETS if b < max_rows} | {max_rows})
         self.buckets = {b: backend.new_slot(b, self.columns, rows_of=self.batch) for b in sizes}
+        # prefills run into a cache of their own, views of it per row bucket, each prompt padded to a width
+        # bucket: few prompt shapes, all captured at start-up (warm_up), none on a request's path
+        joins = sorted({b for b in ROW_BUCKETS if b < min(JOIN_ROWS, max_rows)} | {min(JOIN_ROWS, max_rows)})
+        prefill = backend.new_slot(joins[-1], backend.n_positions)
+        self.prefill_slots = {b: backend.new_slot(b, backend.n_positions, rows_of=prefill) for b in joins}
+        per_graph = -(-backend.n_positions // PREFILL_GRAPHS)  # at most PREFILL_GRAPHS widths, each a multiple of 16
+        step = -(-per_graph // 16) * 16
+        self.widths = sorted({min(w, backend.n_positions) for w in range(step, backend.n_positions + step, step)})
         self.rows: list[Row] = []
         self.running: dict[Job, Running] = {}
         self.column = 0  # the slot every row writes next
         self.deferred: list[Job] = []  # taken from the queue, waiting for rows or room
+
+    def running_jobs(self) -> int:
+        return len(self.running)
 
     # the loop ---------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -142,13 +186,33 @@ class ContinuousScheduler(SchedulerBase):
                     self.rows, self.running, self.column = [], {}, 0
 
     def warm_up(self) -> None:
-        """Capture every row-count bucket's decode graph, and its greedy graph where the backend has one,
-        now rather than on a job's path."""
+        """Capture every row-count bucket's decode graph, its greedy graph where the backend has one, and
+        the prefill graph of every join bucket and prompt width (largest first: they share one memory
+        pool), now rather than on a job's path."""
         with torch.inference_mode():
             for size in self.buckets:
                 self.decode(size)
                 if self.backend.fused_greedy:
                     self.greedy_chunk(size, [0] * size, [0] * size, 1)
+            for width in reversed(self.widths):
+                for rows in reversed(self.prefill_slots):
+                    self.prefill([[0]] * rows, width)
+
+    def width_of(self, prompts: list[list[int]]) -> int:
+        """The width bucket the longest of the prompts is padded to."""
+        longest = max(map(len, prompts))
+        return next(w for w in self.widths if w >= longest)
+
+    def prefill(self, prompts: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Prefill up to JOIN_ROWS prompts, left-padded to `width`, in the join bucket's prefill slot
+        (as many rows as the bucket: the extra ones repeat the first prompt). -> (last-token logits
+        [len(prompts), V], the prompts' attention mask [len(prompts), width], the slot)"""
+        joined = len(prompts)
+        bucket = min(b for b in self.prefill_slots if b >= joined)
+        batch = left_pad(prompts + prompts[:1] * (bucket - joined), self.pad_id, self.backend.device, width)
+        self.backend.slot, self.backend.length = self.prefill_slots[bucket], 0
+        logits = self.backend.prefill(batch)[:joined, -1]
+        return logits, batch.attention_mask[:joined], self.prefill_slots[bucket]
 
     # joining ----------------------------------------------------------------------------------
     def admit(self, wait: bool) -> None:
@@ -164,10 +228,12 @@ class ContinuousScheduler(SchedulerBase):
         for job in list(self.deferred):
             if job.cancelled.is_set():
                 self.deferred.remove(job)
-            elif len(job.prompts) <= free and self.fits(job, max(width, *map(len, job.prompts)), joining):
+                self.started(job)
+            elif len(job.prompts) <= free and self.fits(job, max(width, self.width_of(job.prompts)), joining):
                 joining.append(job)
                 self.deferred.remove(job)
-                free, width = free - len(job.prompts), max(width, *map(len, job.prompts))
+                self.started(job)
+                free, width = free - len(job.prompts), max(width, self.width_of(job.prompts))
         if joining:
             try:
                 self.join(joining)
@@ -193,41 +259,40 @@ class ContinuousScheduler(SchedulerBase):
         return False
 
     def join(self, jobs: list[Job]) -> None:
-        """Prefill the jobs' prompts together, apart from the running rows, and copy their keys
-        and values into the next free rows so that every prompt ends at the current column."""
-        prompts = [p for job in jobs for p in job.prompts]
-        joined = len(prompts)
-        # as many rows as a bucket (the extra ones repeat the first prompt, then are dropped): a cache
-        # and prefill graphs are kept per shape, so shapes must be few
-        bucket = min(b for b in self.buckets if b >= joined)
-        batch = left_pad(prompts + prompts[:1] * (bucket - joined), self.pad_id, self.backend.device)
-        width = batch.host_ids.shape[1]
-        self.backend.reset(bucket, width + 1)
-        logits = self.backend.prefill(batch)[:, -1]
-        prefilled = self.backend.slot
-        self.column = max(self.column, width)
-        first, window = len(self.rows), slice(self.column - width, self.column)
-        for big, small in zip(self.batch.cache, prefilled.cache):
-            big[first:first + joined, :, window].copy_(small[:joined, :, :width])
-        marks = self.batch.slot_mask[first:first + joined]
-        marks.zero_()
-        marks[:, window].copy_(batch.attention_mask[:joined])
+        """Prefill the jobs' prompts apart from the running rows, JOIN_ROWS at a time, and copy their
+        keys and values into the next free rows so that every prompt ends at the current column."""
+        prompts = [(job, k, p) for job in jobs for k, p in enumerate(job.prompts)]
+        column = max(self.column, max(self.width_of([p]) for _, _, p in prompts))
+        # running rows skip the columns up to the new one: those columns may hold marks of rows gone
+        self.batch.slot_mask[:len(self.rows), self.column:column] = False
+        self.column = column
         for job in jobs:
-            progress = Running(job, [self.pad_id] * len(job.prompts), len(job.prompts))
-            self.running[job] = progress
-            for k, prompt in enumerate(job.prompts):
+            self.running[job] = Running(job, [self.pad_id] * len(job.prompts), len(job.prompts))
+        picked, joined = [], len(self.rows)
+        for start in range(0, len(prompts), JOIN_ROWS):
+            chunk = prompts[start:start + JOIN_ROWS]
+            width = self.width_of([p for _, _, p in chunk])
+            logits, mask, prefilled = self.prefill([p for _, _, p in chunk], width)
+            first, window = len(self.rows), slice(self.column - width, self.column)
+            for big, small in zip(self.batch.cache, prefilled.cache):
+                big[first:first + len(chunk), :, window].copy_(small[:len(chunk), :, :width])
+            marks = self.batch.slot_mask[first:first + len(chunk)]
+            marks.zero_()
+            marks[:, window].copy_(mask)
+            for job, k, prompt in chunk:
                 s = job.sampling
                 random = torch.Generator(self.backend.device).manual_seed(s.seed) if s.seed is not None else None
                 seen = (torch.tensor([prompt], device=self.backend.device) if s.repetition_penalty != 1.0 else None)
                 # at its last prompt token: take moves it to the first generated one
                 self.rows.append(Row(job, k, 0, len(prompt) - 1, self.column - len(prompt), 0, random, seen))
-        self.take(list(zip(self.rows[first:], self.pick(self.rows[first:], logits[:joined]))))
+            picked += self.pick(self.rows[first:], logits)
+        self.take(list(zip(self.rows[joined:], picked)))  # one delivery: each job's first token of every prompt
 
     # stepping ---------------------------------------------------------------------------------
     def step(self) -> None:
         """Decode steps of every running row from the current column: GREEDY_CHUNK of them in one go
         when every row is plain greedy, at most CHUNK_ROWS run and nobody waits, else one."""
-        for r in [r for r in self.rows if r.job.cancelled.is_set()]:
+        for r in [r for r in self.rows if r.job.cancelled.is_set() or r.prompt in r.job.ended]:
             self.finish(r)
         self.settle()
         if not self.rows:

@@ -13,7 +13,7 @@ from pipeline.runtime.backend import Backend, BackendUnavailable
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.loader import open_backend
 from pipeline.runtime.sampling import Sampling
-from pipeline.tokenizer import load_tokenizer
+from pipeline.tokenizer import encode, load_tokenizer
 
 
 @dataclass
@@ -29,13 +29,7 @@ class Session:
         return Generator(self.backend, self.eos)
 
     def encode(self, text: str, what: str = "the prompt") -> list[int]:
-        """Token ids of text, or a UserError naming `what` when it is not text a tokenizer can take
-        (lone surrogates: bytes that were not UTF-8 on a command line, or escapes in JSON)."""
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise UserError(f"{what} is not valid UTF-8 text (at character {e.start}); give it as UTF-8") from None
-        return self.tokenizer(text)["input_ids"]
+        return encode(self.tokenizer, text, what)
 
     def decode(self, tokens: list[int]) -> str:
         """Text of generated tokens, without the stop token."""

@@ -122,6 +122,44 @@ def test_a_cancelled_job_leaves_the_batch_at_the_next_step(model):
     assert len(long.steps) < 60 and short.rows(()) == alone(model, [[818, 262]], Sampling(max_new_tokens=3))
 
 
+def test_an_ended_prompt_leaves_while_the_jobs_other_prompt_runs_on(model):
+    """A consumer that needs no more of one prompt (a stop string) ends it: its row leaves at the next
+    step, the other prompt of the job runs to its length with the tokens it gets alone."""
+    scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=2)
+    scheduler.start()
+    collected = Collected()
+    job = Job([[464, 2068], [818, 262]], Sampling(max_new_tokens=40), collected)
+    scheduler.submit(job)
+    while not collected.steps:
+        time.sleep(0.001)
+    job.end(0)
+    assert collected.done.wait(60) and collected.error is None
+    first, second = collected.rows(())
+    assert second == alone(model, [[818, 262]], Sampling(max_new_tokens=40))[0]
+    assert first[-1] == 0 and first.index(0) < 10  # pad from the step after it ended
+    job.end(1)
+    assert job.cancelled.is_set()  # every prompt ended: the whole job is
+
+
+def test_jobs_taken_from_the_queue_to_wait_for_rows_still_count_against_its_cap(model):
+    """Driven step by step (no thread): one row runs a job, two jobs wait in the scheduler's own list."""
+    scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=1,
+                                    queue_cap=2)
+    scheduler.submit(Job([[464]], Sampling(max_new_tokens=50), Collected()))
+    scheduler.admit(wait=False)
+    waiting = [Job([[818]], Sampling(max_new_tokens=1), Collected()) for _ in range(2)]
+    for job in waiting:
+        scheduler.submit(job)
+    scheduler.admit(wait=False)
+    assert scheduler.waiting.empty() and len(scheduler.deferred) == 2 and scheduler.load == (2, 1)
+    with pytest.raises(QueueFull):
+        scheduler.submit(Job([[1]], Sampling(), Collected()))
+    for job in waiting:
+        job.cancelled.set()
+    scheduler.admit(wait=False)
+    assert scheduler.load == (0, 1)
+
+
 @pytest.mark.parametrize("make", [
     lambda m: ContinuousScheduler(TorchCompiledBackend(m, "fp32", "cpu", compile=False), pad_id=0, queue_cap=2),
     lambda m: SerialScheduler(Generator(TorchCompiledBackend(m, "fp32", "cpu", compile=False)), queue_cap=2),

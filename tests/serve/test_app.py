@@ -3,12 +3,8 @@ port, real requests, answers checked against the runtime called directly."""
 
 import json
 import random
-import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,72 +13,19 @@ from pipeline.runtime.generate import Generator
 from pipeline.runtime.loader import open_backend
 from pipeline.runtime.sampling import Sampling
 from pipeline.tokenizer import load_tokenizer
-from tests.conftest import MICRO
 
 httpx = pytest.importorskip("httpx", reason="the [serve] extra is not installed")
 pytest.importorskip("fastapi", reason="the [serve] extra is not installed")
-STARTUP_S = 90
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(run, log: Path, *options: str):
-    """`gpt2-deploy serve` on the micro model in its own process; (process, url) once /health answers."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--artifacts", str(run.root.parent), "--run", run.root.name,
-           "--device", "cpu", "--backend", "ort", "--precision", "fp32", "--port", str(port), "--set", "model.n_positions=256",
-           *options]
-    for s in MICRO:
-        cmd += ["--set", s]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited: {log.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.5)
-    proc.kill()
-    pytest.fail("server did not answer /health in time")
-
-
-def stop_server(proc) -> int:
-    proc.terminate()
-    return proc.wait(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def server(exported_run, tmp_path_factory):
-    _, run, _ = exported_run
-    proc, url = start_server(run, tmp_path_factory.mktemp("serve") / "server.log")
-    yield url, run
-    stop_server(proc)
-
-
-@pytest.fixture(scope="module")
-def tight_server(exported_run, tmp_path_factory):
-    """One request waiting at most, one second a request, 4 KiB bodies."""
-    _, run, _ = exported_run
-    proc, url = start_server(run, tmp_path_factory.mktemp("serve") / "tight.log", "--queue", "1", "--timeout", "1",
-                             "--max-body", "4096")
-    yield url
-    stop_server(proc)
-
-
-LONG = {"prompt": ["The module"] * 64, "max_new_tokens": 240}  # seconds of work for the micro model on a CPU
+from tests.serve.conftest import LONG  # noqa: E402
 
 
 def test_health_says_what_is_loaded(server):
     url, _ = server
     body = httpx.get(f"{url}/health").json()
-    assert body == {"status": "ok", "backend": "ort", "precision": "fp32", "device": "cpu", "context": 256}
+    assert body.items() >= {"status": "ok", "backend": "ort", "precision": "fp32", "device": "cpu", "context": 256,
+                            "scheduler": "serial"}.items()
+    assert body["startup_s"] >= 0 and httpx.get(f"{url}/ready").json() == {"ready": True}
 
 
 def test_generate_matches_the_runtime(server):
@@ -106,15 +49,27 @@ def test_seeded_sampling_repeats(server):
     assert first["tokens"] == second["tokens"]
 
 
-def test_stream_sends_one_event_per_step_then_done(server):
+def test_stream_sends_the_new_tokens_then_done(server):
     url, _ = server
-    with httpx.stream("POST", f"{url}/generate", json={"prompt": "Return", "max_new_tokens": 4, "stream": True},
-                      timeout=60) as reply:
+    request = {"prompt": "Return", "max_new_tokens": 4, "ignore_eos": True}
+    whole = httpx.post(f"{url}/generate", json=request, timeout=60).json()
+    with httpx.stream("POST", f"{url}/generate", json={**request, "stream": True}, timeout=60) as reply:
         assert reply.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in reply.iter_lines() if line]
     data = [json.loads(line[6:]) for line in lines if line.startswith("data: {\"tokens\"")]
-    assert 1 <= len(data) <= 4 and all(len(d["tokens"]) == 1 for d in data)
+    assert 1 <= len(data) <= 4 and [t for d in data for t in d["tokens"][0]] == whole["tokens"][0]
+    assert whole["finish_reasons"] == ["length"] and len(whole["tokens"][0]) == 4
     assert lines[-2:] == ["event: done", "data: {}"]
+
+
+def test_batch_generate_answers_each_prompt_as_generate_does(server):
+    url, _ = server
+    prompts = ["Return the number of", "This module"]
+    single = httpx.post(f"{url}/generate", json={"prompt": prompts, "max_new_tokens": 5}, timeout=60).json()
+    batch = httpx.post(f"{url}/batch_generate", json={"prompts": prompts, "max_new_tokens": 5}, timeout=60).json()
+    assert [r["tokens"] for r in batch["results"]] == single["tokens"]
+    assert [r["text"] for r in batch["results"]] == single["completions"]
+    assert [r["finish_reason"] for r in batch["results"]] == single["finish_reasons"]
 
 
 def test_stream_events_carry_only_the_new_text(server):
@@ -134,6 +89,7 @@ def test_stream_events_carry_only_the_new_text(server):
     ({"prompt": "hi", "do_sample": True, "temperature": 0}, 400, "must be > 0 when sampling"),
     ({"prompt": "hi", "max_new_tokens": 5000}, 400, "exceeds the model's context of 256"),
     ({"prompt": "hi", "max_new_tokens": 0}, 422, "greater than or equal to 1"),
+    ({"prompt": "hi", "temperature": 2.5}, 422, "temperature: Input should be less than or equal to 2"),
     ({"text": "hi"}, 422, "prompt"),
 ])
 def test_bad_requests_get_a_clear_error(server, request_body, status, message):

@@ -61,9 +61,10 @@ class PrefillGraph:
         self.staged.copy_(input_ids)
 
 
-def capture(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """Warm fn up on a side stream, then record it into a CUDA graph. Returns the graph and fn's
-    output, a buffer every replay rewrites. The graph is recorded, not run: replay it."""
+def capture(fn: Callable[[], torch.Tensor], device: torch.device, pool=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """Warm fn up on a side stream, then record it into a CUDA graph (its memory from `pool`, shared
+    with the pool's other graphs, when given). Returns the graph and fn's output, a buffer every
+    replay rewrites. The graph is recorded, not run: replay it."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -71,7 +72,7 @@ def capture(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[torch
             fn()
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=pool):
         out = fn()
     return graph, out
 
@@ -86,6 +87,9 @@ class StaticCacheBackend(Backend):
         self.n_positions, self.vocab_size = model.config.n_positions, model.config.vocab_size
         self.net = StaticGPT2(model, torch_dtype(precision), self.fold_layer_norms, self.prefill_ops).to(self.device).eval()
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        # prefill graphs run one at a time and their logits are read before the next: their scratch
+        # memory can be one pool, so many prompt shapes cost the memory of the largest
+        self.prefill_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
         self.slots: dict[tuple[int, int], CacheSlot] = {}
         self.slot: CacheSlot | None = None
         self.length = 0  # slots filled in the slot's cache: the next decode step writes this one
@@ -213,7 +217,8 @@ class StaticCacheBackend(Backend):
             entry.stage(input_ids)  # the capture's warm-up runs read them
             ids = torch.empty(input_ids.shape, dtype=torch.long, device=self.device)
             entry.graph, entry.logits = capture(
-                lambda: prefill(ids.copy_(entry.staged, non_blocking=True), entry.positions), self.device)
+                lambda: prefill(ids.copy_(entry.staged, non_blocking=True), entry.positions), self.device,
+                self.prefill_pool)
             s.prefill[shape] = entry
             if len(s.prefill) > PREFILL_GRAPHS:
                 s.prefill.popitem(last=False)

@@ -1,0 +1,81 @@
+"""GET /metrics: the service in Prometheus' text format (prometheus-client), on a registry of its
+own. Request outcomes, rejections, waiting and running requests, token counts and latency
+histograms; GPU memory and utilisation through NVML (nvidia-ml-py) when the model runs on a GPU."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+PREFIX = "gpt2deploy"
+OUTCOMES = ("ok", "cancelled", "timeout", "invalid", "rejected", "error")
+REJECTIONS = ("queue_full", "draining", "body_too_large")
+# seconds; decode steps take 0.1-10 ms, first tokens up to seconds under load
+TOKEN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+log = logging.getLogger(__name__)
+
+
+class ServeMetrics:
+    def __init__(self, load: Callable[[], tuple[int, int]], gpu_index: int | None):
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter(f"{PREFIX}_requests", "Generation requests by outcome", ["outcome"], registry=registry)
+        self.rejected = Counter(f"{PREFIX}_requests_rejected", "Requests refused before they ran, by reason",
+                                ["reason"], registry=registry)
+        for outcome in OUTCOMES:  # every series present from the start, at 0
+            self.requests.labels(outcome)
+        for reason in REJECTIONS:
+            self.rejected.labels(reason)
+        waiting = Gauge(f"{PREFIX}_requests_waiting", "Requests queued, not yet running", registry=registry)
+        running = Gauge(f"{PREFIX}_requests_running", "Requests generating now", registry=registry)
+        waiting.set_function(lambda: load()[0])
+        running.set_function(lambda: load()[1])
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens of the requests that ran", registry=registry)
+        self.generated_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated", registry=registry)
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "From a request's arrival to its first token",
+                              buckets=TOKEN_BUCKETS, registry=registry)
+        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds",
+                             "Between a request's successive tokens (tokens that reach the server together share the gap)",
+                             buckets=TOKEN_BUCKETS, registry=registry)
+        self.e2e = Histogram(f"{PREFIX}_request_duration_seconds", "From a request's arrival to its last token",
+                             buckets=REQUEST_BUCKETS, registry=registry)
+        if gpu_index is not None:
+            gpu = GpuCollector.open(gpu_index)
+            if gpu is not None:
+                registry.register(gpu)
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()
+        self.requests.labels("rejected").inc()
+
+
+class GpuCollector:
+    """GPU memory and utilisation read through NVML at each scrape."""
+
+    def __init__(self, nvml, handle, index: int):
+        self.nvml, self.handle, self.index = nvml, handle, str(index)
+
+    @classmethod
+    def open(cls, index: int) -> GpuCollector | None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            return cls(pynvml, pynvml.nvmlDeviceGetHandleByIndex(index), index)
+        except Exception as e:  # no nvidia-ml-py, no driver: the service runs without GPU metrics
+            log.warning("GPU metrics off: NVML is not available (%s)", e)
+            return None
+
+    def collect(self):
+        memory = self.nvml.nvmlDeviceGetMemoryInfo(self.handle)
+        rates = self.nvml.nvmlDeviceGetUtilizationRates(self.handle)
+        for name, doc, value in (("gpu_memory_used_bytes", "GPU memory in use (all processes)", memory.used),
+                                 ("gpu_memory_total_bytes", "GPU memory in all", memory.total),
+                                 ("gpu_utilization_ratio", "Share of the last sample period the GPU was busy",
+                                  rates.gpu / 100)):
+            family = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=["gpu"])
+            family.add_metric([self.index], value)
+            yield family

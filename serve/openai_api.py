@@ -1,0 +1,152 @@
+"""OpenAI's completions API, as the `openai` client and vLLM's users expect it:
+
+    GET  /v1/models        the one model served
+    POST /v1/completions   prompt (a string or a list), max_tokens, temperature, top_p, seed, stop,
+                           stream (+ stream_options.include_usage), echo; vLLM's extensions top_k,
+                           repetition_penalty, ignore_eos and stream_options.continuous_usage_stats.
+                           Ranges as vLLM checks them. n = 1 only; logprobs are not offered (the
+                           batched decode keeps no per-token log-probabilities).
+
+Streaming sends `data: {...}` chunks (each prompt's new text, its finish_reason on the last),
+then `data: [DONE]`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.errors import UserError
+from pipeline.runtime.sampling import Sampling
+from serve.errors import TimedOut, UnknownModel
+from serve.streaming import Completion, Hub
+
+MAX_STOP = 4  # stop strings per request, as OpenAI allows
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool = False  # a last chunk with the usage
+    continuous_usage_stats: bool = False  # usage in every chunk (vLLM's extension)
+
+
+class CompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    model: str
+    prompt: str | list[str]
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)  # 0 = greedy
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)  # -1 or 0 = every token
+    repetition_penalty: float = Field(1.0, gt=0, le=2)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    echo: bool = False
+    n: int = Field(1, ge=1, le=1)
+    logprobs: int | None = Field(None, ge=0, le=5)
+    ignore_eos: bool = False
+    user: str | None = None
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else self.prompt
+
+    def stops(self) -> tuple[str, ...]:
+        stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        if len(stops) > MAX_STOP or not all(stops):
+            raise UserError(f"stop: give at most {MAX_STOP} non-empty strings")
+        return stops
+
+    def sampling(self, eos: int) -> Sampling:
+        return Sampling(max_new_tokens=self.max_tokens, do_sample=self.temperature > 0,
+                        temperature=self.temperature or 1.0, top_k=max(self.top_k, 0), top_p=self.top_p,
+                        repetition_penalty=self.repetition_penalty, seed=self.seed,
+                        stop_tokens=() if self.ignore_eos else (eos,))
+
+
+def openai_routes(hub: Hub, model_name: str, created: int) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+
+    @router.get("/models")
+    def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "gpt2-deploy", "max_model_len": hub.context}]}
+
+    @router.post("/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        if req.model != model_name:
+            raise UnknownModel(f"The model `{req.model}` does not exist; this server serves `{model_name}` (GET /v1/models)")
+        if req.logprobs is not None:
+            raise UserError("logprobs: this server does not return log-probabilities; leave logprobs out")
+        sampling, stops = req.sampling(hub.eos), req.stops()
+        ids = await asyncio.to_thread(hub.encode, req.prompts(), sampling, "max_tokens")
+        completion = hub.start(ids, sampling, stops)
+        reply = Reply(completion, model_name, req.prompts() if req.echo else None)
+        if req.stream:
+            options = req.stream_options or StreamOptions()
+            return StreamingResponse(reply.chunks(options), media_type="text/event-stream")
+        async for _ in completion.run(request):
+            pass
+        return reply.body([{"index": i, "text": reply.echoed(i) + row.text, "logprobs": None,
+                            "finish_reason": row.finish} for i, row in enumerate(completion.rows)], usage=True)
+
+    return router
+
+
+class Reply:
+    """The completion's response bodies: whole, or as a stream of chunks."""
+
+    def __init__(self, completion: Completion, model: str, echo: list[str] | None):
+        self.completion, self.model, self.echo = completion, model, echo
+        self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+    def echoed(self, index: int) -> str:
+        return self.echo[index] if self.echo else ""
+
+    def usage(self) -> dict:
+        generated = sum(len(r.tokens) for r in self.completion.rows)
+        return {"prompt_tokens": self.completion.prompt_tokens, "completion_tokens": generated,
+                "total_tokens": self.completion.prompt_tokens + generated}
+
+    def body(self, choices: list[dict], usage: bool) -> dict:
+        body = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": choices}
+        if usage:
+            body["usage"] = self.usage()
+        return body
+
+    async def chunks(self, options: StreamOptions) -> AsyncIterator[str]:
+        """A chunk per prompt with new text or a finish, for each arrival of steps (so a chunk can carry
+        several tokens' text), then the usage if asked, then [DONE]. An error after the reply has
+        started is a chunk of its own."""
+        rows, reported = self.completion.rows, [False] * len(self.completion.rows)
+        try:
+            if self.echo:
+                yield self.chunk([{"index": i, "text": p, "logprobs": None, "finish_reason": None}
+                                  for i, p in enumerate(self.echo)], False)
+            async for _ in self.completion.run(None):
+                choices = []
+                for i, row in enumerate(rows):
+                    text = row.new_text()
+                    if text or (row.finish and not reported[i]):
+                        reported[i] = row.finish is not None
+                        choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": row.finish})
+                if choices:
+                    yield self.chunk(choices, options.continuous_usage_stats)
+        except (UserError, TimedOut) as e:
+            kind = "timeout_error" if isinstance(e, TimedOut) else "invalid_request_error"
+            yield f"data: {json.dumps({'error': {'message': str(e), 'type': kind, 'param': None, 'code': None}})}\n\n"
+        else:
+            if options.include_usage:
+                yield self.chunk([], True)
+        yield "data: [DONE]\n\n"
+
+    def chunk(self, choices: list[dict], usage: bool) -> str:
+        return f"data: {json.dumps(self.body(choices, usage))}\n\n"

@@ -1,0 +1,189 @@
+"""From the scheduler thread to a request's handler: a job's steps relayed to the event loop, each
+prompt's tokens turned into text (stop tokens, stop strings, length), and the request's timings
+and outcome recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from pipeline.errors import UserError
+from pipeline.runtime.generate import check_length
+from pipeline.runtime.sampling import Sampling
+from pipeline.tokenizer import TextStream, encode, token_bytes
+from serve.engine import EngineClient
+from serve.errors import TimedOut
+from serve.metrics import ServeMetrics
+
+DISCONNECT_POLL_S = 0.25
+
+
+class Relay:
+    """Hands what the scheduler thread delivers to the event loop's queues with one wake-up of the loop
+    for all that arrived since the last (call_soon_threadsafe per item wakes it once per row a step)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.lock, self.pending, self.scheduled = loop, threading.Lock(), [], False
+
+    def put(self, results: asyncio.Queue, item: object) -> None:
+        with self.lock:
+            self.pending.append((results, item))
+            if self.scheduled:
+                return
+            self.scheduled = True
+        self.loop.call_soon_threadsafe(self.flush)
+
+    def flush(self) -> None:
+        with self.lock:
+            pending, self.pending, self.scheduled = self.pending, [], False
+        for results, item in pending:
+            results.put_nowait(item)
+
+
+class RowOutput:
+    """One prompt's generated tokens and text. It ends at a stop token (finish "stop"), at the first
+    stop string (the text ends before it, "stop") or at its length ("length"). Text that could be
+    the start of a stop string is held back until it cannot."""
+
+    def __init__(self, table: list[bytes], sampling: Sampling, stop: tuple[str, ...] = ()):
+        self.text_stream, self.stop = TextStream(table), stop
+        self.max_tokens, self.stop_tokens = sampling.max_new_tokens, sampling.stop_tokens
+        self.hold = max(map(len, stop), default=1) - 1
+        self.tokens: list[int] = []
+        self.text, self.finish = "", None
+        self.sent_tokens = self.sent_text = 0
+
+    def add(self, token: int) -> None:
+        if self.finish is not None:  # the scheduler fills a stopped prompt's place in a step
+            return
+        self.tokens.append(token)
+        if token in self.stop_tokens:
+            return self.end("stop")
+        self.text += self.text_stream.add(token)
+        # an occurrence cannot start in text already sent: that text was checked without the held tail
+        hits = [i for i in (self.text.find(s, self.sent_text) for s in self.stop) if i >= 0]
+        if hits:
+            self.text, self.finish = self.text[:min(hits)], "stop"
+        elif len(self.tokens) >= self.max_tokens:
+            self.end("length")
+
+    def end(self, reason: str) -> None:
+        self.finish = reason
+        self.text += self.text_stream.close()
+
+    def new_text(self) -> str:
+        """Text not yet taken that can be sent."""
+        end = len(self.text) if self.finish else max(self.sent_text, len(self.text) - self.hold)
+        text, self.sent_text = self.text[self.sent_text:end], end
+        return text
+
+    def new_tokens(self) -> list[int]:
+        tokens, self.sent_tokens = self.tokens[self.sent_tokens:], len(self.tokens)
+        return tokens
+
+
+class Completion:
+    """One request's prompts in the scheduler. `run` applies the steps as they arrive to the rows
+    (RowOutput) and yields after each arrival; the request's timings and outcome go to the metrics."""
+
+    def __init__(self, hub: Hub, prompts: list[list[int]], sampling: Sampling, stop: tuple[str, ...]):
+        loop, self.results = asyncio.get_running_loop(), asyncio.Queue()
+        relay = hub.relays.setdefault(loop, Relay(loop))
+        self.hub, self.arrived_at = hub, time.perf_counter()
+        self.prompt_tokens = sum(map(len, prompts))
+        self.rows = [RowOutput(hub.table, sampling, stop) for _ in prompts]
+        # QueueFull before any reply starts
+        self.job = hub.engine.submit(prompts, sampling, lambda item: relay.put(self.results, item))
+
+    async def run(self, request: Request | None) -> AsyncIterator[None]:
+        """Yields once the steps that arrived together are applied to the rows. The job is cancelled
+        when the consumer stops early (a streaming reply whose client left), when `request`'s client
+        leaves (looked at every DISCONNECT_POLL_S), or past the time limit (TimedOut)."""
+        metrics, timeout = self.hub.metrics, self.hub.timeout_s
+        deadline = self.arrived_at + timeout
+        polled = last = time.perf_counter()
+        outcome, first = "cancelled", True
+        try:
+            while True:
+                now = time.perf_counter()
+                if now > deadline:
+                    outcome = "timeout"
+                    raise TimedOut(f"the request ran past the server's limit of {timeout:g} s and was stopped")
+                if request is not None and now - polled > DISCONNECT_POLL_S:
+                    polled = now
+                    if await request.is_disconnected():
+                        return
+                try:
+                    item = await asyncio.wait_for(self.results.get(), timeout=min(DISCONNECT_POLL_S, deadline - now))
+                except asyncio.TimeoutError:
+                    continue
+                arrived = [item]
+                while not self.results.empty():
+                    arrived.append(self.results.get_nowait())
+                steps = [x for x in arrived if isinstance(x, list)]
+                end = next((x for x in arrived if not isinstance(x, list)), "running")
+                if steps:
+                    now = time.perf_counter()
+                    if first:
+                        metrics.ttft.observe(now - self.arrived_at)
+                    for _ in range(len(steps) - first):
+                        metrics.itl.observe((now - last) / len(steps))
+                    first, last = False, now
+                    live = [row.finish is None for row in self.rows]
+                    for step in steps:
+                        for row, token in zip(self.rows, step):
+                            row.add(token)
+                    for i, row in enumerate(self.rows):
+                        if live[i] and row.finish is not None:
+                            self.job.end(i)  # the engine drops a row that a stop string ended
+                    yield
+                if isinstance(end, Exception):
+                    outcome = "invalid" if isinstance(end, UserError) else "error"
+                    raise end
+                if end is None or self.job.cancelled.is_set():  # the engine is done, or every row ended
+                    for row in self.rows:  # rows the scheduler stopped without a stop token (cancelled)
+                        if row.finish is None:
+                            row.end("length")
+                    outcome = "ok"
+                    return
+        finally:
+            self.job.cancel()
+            metrics.requests.labels(outcome).inc()
+            if outcome == "ok":
+                metrics.e2e.observe(time.perf_counter() - self.arrived_at)
+                metrics.prompt_tokens.inc(self.prompt_tokens)
+                metrics.generated_tokens.inc(sum(len(row.tokens) for row in self.rows))
+
+
+class Hub:
+    """What the handlers share: the tokenizer, the engine, the limits and the metrics."""
+
+    def __init__(self, tokenizer, engine: EngineClient, max_prompts: int, timeout_s: float, metrics: ServeMetrics):
+        self.tokenizer, self.engine, self.metrics = tokenizer, engine, metrics
+        self.max_prompts, self.timeout_s, self.context = max_prompts, timeout_s, engine.info["context"]
+        self.table = token_bytes(tokenizer)
+        self.relays: dict[asyncio.AbstractEventLoop, Relay] = {}
+
+    @property
+    def eos(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    def encode(self, texts: list[str], sampling: Sampling, length_option: str) -> list[list[int]]:
+        """The prompts' tokens, checked with the sampling (count, empty prompts, context), or a
+        UserError naming what to change; run off the event loop (tokenising takes time)."""
+        if not 1 <= len(texts) <= self.max_prompts:
+            raise UserError(f"prompt: give 1 to {self.max_prompts} prompts")
+        sampling.check()
+        ids = [encode(self.tokenizer, p, f"prompt {i}") for i, p in enumerate(texts)]
+        for i, p in enumerate(ids):
+            if not p:
+                raise UserError(f"prompt {i} is empty")
+        check_length(max(map(len, ids)), sampling.max_new_tokens, self.context, length_option)
+        return ids
+
+    def start(self, prompts: list[list[int]], sampling: Sampling, stop: tuple[str, ...] = ()) -> Completion:
+        return Completion(self, prompts, sampling, stop)

@@ -1,0 +1,71 @@
+"""A real `gpt2-deploy serve` in its own process on a loopback port, for the serve tests."""
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MICRO
+
+httpx = pytest.importorskip("httpx", reason="the [serve] extra is not installed")
+pytest.importorskip("fastapi", reason="the [serve] extra is not installed")
+STARTUP_S = 90
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(run, log: Path, *options: str):
+    """`gpt2-deploy serve` on the micro model in its own process; (process, url) once /health answers."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--artifacts", str(run.root.parent), "--run", run.root.name,
+           "--device", "cpu", "--backend", "ort", "--precision", "fp32", "--port", str(port), "--set", "model.n_positions=256",
+           *options]
+    for s in MICRO:
+        cmd += ["--set", s]
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + STARTUP_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited: {log.read_text()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.5)
+    proc.kill()
+    pytest.fail("server did not answer /health in time")
+
+
+def stop_server(proc) -> int:
+    proc.terminate()
+    return proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(exported_run, tmp_path_factory):
+    _, run, _ = exported_run
+    proc, url = start_server(run, tmp_path_factory.mktemp("serve") / "server.log")
+    yield url, run
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def tight_server(exported_run, tmp_path_factory):
+    """One request waiting at most, one second a request, 4 KiB bodies."""
+    _, run, _ = exported_run
+    proc, url = start_server(run, tmp_path_factory.mktemp("serve") / "tight.log", "--queue", "1", "--timeout", "1",
+                             "--max-body", "4096")
+    yield url
+    stop_server(proc)
+
+
+
+LONG = {"prompt": ["The module"] * 64, "max_new_tokens": 240}  # seconds of work for the micro model on a CPU

@@ -1,0 +1,119 @@
+"""OpenAI's completions API as the official `openai` client meets it, on a real server."""
+
+import json
+import random
+
+import pytest
+
+httpx = pytest.importorskip("httpx", reason="the [serve] extra is not installed")
+openai = pytest.importorskip("openai", reason="the openai client is not installed (the [dev] extra)")
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    url, run = server
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60), run.root.name
+
+
+def native(server, prompts, max_new_tokens, **extra):
+    url, _ = server
+    return httpx.post(f"{url}/generate", json={"prompt": prompts, "max_new_tokens": max_new_tokens, **extra},
+                      timeout=60).json()
+
+
+def test_models_lists_the_run(client, server):
+    openai_client, name = client
+    models = openai_client.models.list().data
+    assert [m.id for m in models] == [name] and models[0].owned_by == "gpt2-deploy"
+
+
+def test_a_completion_matches_the_native_api(client, server):
+    openai_client, name = client
+    prompts = ["Return the number of", "This module"]
+    reply = openai_client.completions.create(model=name, prompt=prompts, max_tokens=6, temperature=0)
+    expected = native(server, prompts, 6)
+    assert [c.text for c in reply.choices] == expected["completions"]
+    assert [c.finish_reason for c in reply.choices] == expected["finish_reasons"]
+    assert [c.index for c in reply.choices] == [0, 1] and reply.object == "text_completion"
+    assert reply.usage.completion_tokens == sum(map(len, expected["tokens"]))
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_a_stream_adds_up_to_the_completion_then_done(client, server):
+    openai_client, name = client
+    prompts = ["Return the number of", "This"]
+    whole = openai_client.completions.create(model=name, prompt=prompts, max_tokens=12, temperature=0)
+    chunks = list(openai_client.completions.create(model=name, prompt=prompts, max_tokens=12, temperature=0,
+                                                   stream=True, stream_options={"include_usage": True}))
+    texts, finishes = ["", ""], [None, None]
+    for chunk in chunks[:-1]:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+    assert texts == [c.text for c in whole.choices] and finishes == [c.finish_reason for c in whole.choices]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    url, _ = server  # the raw stream ends as OpenAI's does
+    with httpx.stream("POST", f"{url}/v1/completions", json={"model": name, "prompt": "Hi", "max_tokens": 2,
+                                                             "stream": True}, timeout=60) as reply:
+        lines = [line for line in reply.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
+
+
+def test_a_stop_string_ends_the_text_before_it(client, server):
+    openai_client, name = client
+    free = native(server, "Return the number of", 24, ignore_eos=True)
+    text = free["completions"][0]
+    stop = text[len(text) // 2:len(text) // 2 + 3]  # three characters from the middle, wherever tokens split them
+    cut = text[:text.index(stop)]
+    reply = openai_client.completions.create(model=name, prompt="Return the number of", max_tokens=24, temperature=0,
+                                             stop=[stop, "never in this text \u2603"], extra_body={"ignore_eos": True})
+    assert reply.choices[0].text == cut and reply.choices[0].finish_reason == "stop"
+    assert reply.usage.completion_tokens < 24
+    streamed = openai_client.completions.create(model=name, prompt="Return the number of", max_tokens=24,
+                                                temperature=0, stop=stop, stream=True, extra_body={"ignore_eos": True})
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == cut
+
+
+def test_seeded_sampling_repeats_and_echo_prepends_the_prompt(client):
+    openai_client, name = client
+    ask = dict(model=name, prompt="The", max_tokens=5, temperature=0.9, top_p=0.9, seed=4,
+               extra_body={"top_k": 40, "repetition_penalty": 1.2})
+    first, second = (openai_client.completions.create(**ask).choices[0].text for _ in range(2))
+    assert first == second
+    echoed = openai_client.completions.create(**ask, echo=True).choices[0].text
+    assert echoed == "The" + first
+
+
+@pytest.mark.parametrize("ask, status, param, message", [
+    ({"temperature": 2.5}, 400, "temperature", "less than or equal to 2"),
+    ({"top_p": 0}, 400, "top_p", "greater than 0"),
+    ({"max_tokens": 0}, 400, "max_tokens", "greater than or equal to 1"),
+    ({"max_tokens": 5000}, 400, None, "plus max_tokens=5000 exceeds the model's context of 256"),
+    ({"n": 2}, 400, "n", "less than or equal to 1"),
+    ({"logprobs": 1}, 400, None, "does not return log-probabilities"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, 400, None, "at most 4"),
+    ({"model": "gpt-4"}, 404, "model", "The model `gpt-4` does not exist"),
+])
+def test_out_of_range_requests_get_openai_errors(client, ask, status, param, message):
+    openai_client, name = client
+    with pytest.raises(openai.APIStatusError) as caught:
+        openai_client.completions.create(**{"model": name, "prompt": "hi", **ask})
+    body = caught.value.body
+    assert caught.value.status_code == status and message in body["message"] and body["param"] == param
+
+
+def test_bounded_fuzz_on_completions_never_gets_a_5xx(server):
+    url, run = server
+    rng = random.Random(1)
+    values = [None, True, "yes", -1, 0, 1, 2**64, 1e308, 2.5, [], {}, ["a", 1], "\ud800", "x" * 3000, {"include_usage": 1}]
+    keys = ["prompt", "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
+            "echo", "n", "logprobs", "repetition_penalty", "ignore_eos", "presence_penalty"]
+    for _ in range(120):
+        body = {k: rng.choice(values) for k in rng.sample(keys, rng.randint(0, 5))}
+        if rng.random() < 0.7:
+            body["model"], body["prompt"] = run.root.name, rng.choice(["hi", ["a", "b"], "", "\ud800"])
+        reply = httpx.post(f"{url}/v1/completions", content=json.dumps(body).encode(),
+                           headers={"content-type": "application/json"}, timeout=60)
+        assert reply.status_code < 500, (body, reply.text)
+        if reply.status_code >= 400:
+            assert set(reply.json()["error"]) == {"message", "type", "param", "code"}

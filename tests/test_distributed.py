@@ -1,0 +1,80 @@
+"""Fine-tuning across processes: torchrun with the gloo backend on the CPU, against one process
+with the same global batch."""
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pipeline.data import ResumableSampler
+from tests.conftest import MICRO
+
+
+def test_ranks_split_each_micro_batch_of_the_one_stream():
+    one = list(itertools.islice(iter(ResumableSampler(10, seed=3)), 24))
+    ranks = [list(itertools.islice(iter(ResumableSampler(10, seed=3, rank=r, world=2, batch=3)), 12)) for r in (0, 1)]
+    rebuilt = [i for step in range(4) for r in (0, 1) for i in ranks[r][3 * step:3 * step + 3]]
+    assert rebuilt == one
+    resumed = list(itertools.islice(iter(ResumableSampler(10, seed=3, start=12, rank=1, world=2, batch=3)), 6))
+    assert resumed == one[15:18] + one[21:24]  # a start counts every rank's samples
+
+
+def finetune(tmp_path, name: str, corpus, *options: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pipeline.cli", "finetune", "--artifacts", str(tmp_path), "--run", name,
+           *[a for s in MICRO for a in ("--set", s)], "--set", f"data.source={corpus}", "--set", "train.steps=6",
+           "--set", "train.grad_accum=2", *options]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_two_ranks_train_as_one_process_with_their_global_batch(corpus_file, tmp_path):
+    """2 ranks x 2 blocks a micro-batch against 1 process x 4: the same samples per step, the
+    gradients averaged across ranks once per step (no all-reduce on the accumulation steps), the
+    same losses and weights within float tolerance; only rank 0 writes."""
+    one = finetune(tmp_path, "one", corpus_file, "--set", "train.batch_size=4")
+    two = finetune(tmp_path, "two", corpus_file, "--set", "train.batch_size=2", "--nproc", "2")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert two.returncode == 0, two.stdout + two.stderr
+    report = {name: json.loads((tmp_path / name / "reports" / "finetune.json").read_text()) for name in ("one", "two")}
+    assert report["two"]["ranks"] == 2 and report["two"]["tokens_per_step"] == report["one"]["tokens_per_step"]
+    losses = {name: [h["loss"] for h in r["train_loss"]] for name, r in report.items()}
+    assert losses["one"] == pytest.approx(losses["two"], rel=1e-4) and len(losses["one"]) == 6
+    assert report["one"]["heldout_loss_final"] == pytest.approx(report["two"]["heldout_loss_final"], rel=1e-4)
+    a, b = (load_file(tmp_path / name / "checkpoint" / "model.safetensors") for name in ("one", "two"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    assert (two.stdout + two.stderr).count("finetune: held-out loss") == 1  # one report line: rank 0's
+
+
+@pytest.mark.slow
+def test_a_run_stopped_at_two_ranks_resumes_at_one_in_the_same_data_order(corpus_file, tmp_path):
+    """SIGTERM to the whole group (launcher and ranks) stops every rank at the same step; rank 0
+    saves the state once. One process with the same global batch resumes it and ends where a run
+    that never stopped ends (the data order is the same; the numbers within float tolerance)."""
+    import os
+    import signal
+    import time
+
+    long = ("--set", "train.steps=40", "--set", "train.save_interval=1000", "--set", "train.eval_interval=1000")
+    straight = finetune(tmp_path, "straight", corpus_file, "--set", "train.batch_size=4", *long)
+    assert straight.returncode == 0, straight.stderr
+    cmd = [sys.executable, "-m", "pipeline.cli", "finetune", "--artifacts", str(tmp_path), "--run", "stopped",
+           *[a for s in MICRO for a in ("--set", s)], "--set", f"data.source={corpus_file}", "--set", "train.grad_accum=2",
+           "--set", "train.batch_size=2", "--nproc", "2", *long]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    manifest, deadline = tmp_path / "stopped" / "manifest.json", time.monotonic() + 120
+    while not (manifest.exists() and '"data"' in manifest.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(4)  # a few steps
+    os.killpg(proc.pid, signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 143, out
+    state = torch.load(tmp_path / "stopped" / "train_state" / "state.pt", weights_only=True)
+    assert state["world"] == 2 and 0 < state["step"] < 40, out
+    resumed = finetune(tmp_path, "stopped", corpus_file, "--set", "train.batch_size=4", "--resume", *long)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    a, b = (load_file(tmp_path / name / "checkpoint" / "model.safetensors") for name in ("straight", "stopped"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
