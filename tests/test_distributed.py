@@ -3,6 +3,7 @@ with the same global batch."""
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 
@@ -54,7 +55,6 @@ def test_a_run_stopped_at_two_ranks_resumes_at_one_in_the_same_data_order(corpus
     """SIGTERM to the whole group (launcher and ranks) stops every rank at the same step; rank 0
     saves the state once. One process with the same global batch resumes it and ends where a run
     that never stopped ends (the data order is the same; the numbers within float tolerance)."""
-    import os
     import signal
     import time
 
@@ -78,3 +78,46 @@ def test_a_run_stopped_at_two_ranks_resumes_at_one_in_the_same_data_order(corpus
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     a, b = (load_file(tmp_path / name / "checkpoint" / "model.safetensors") for name in ("straight", "stopped"))
     assert all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
+
+
+def rank_pids(launcher: int) -> dict[int, int]:
+    """The launcher's rank processes: rank -> pid, read from their environment."""
+    ranks = {}
+    for child in subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True).stdout.split():
+        try:
+            env = dict(v.split("=", 1) for v in open(f"/proc/{child}/environ").read().split("\0") if "=" in v)
+        except OSError:
+            continue
+        if "RANK" in env:
+            ranks[int(env["RANK"])] = int(child)
+    return ranks
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_run_fails_the_run_and_it_resumes_from_the_last_save(corpus_file, tmp_path):
+    """SIGKILL to one rank (no chance to save): the run fails, the state saved every 2 steps stays
+    whole, and --resume at the same rank count ends where a run never stopped ends."""
+    import signal
+    import time
+
+    long = ("--set", "train.steps=30", "--set", "train.save_interval=2", "--set", "train.eval_interval=1000")
+    straight = finetune(tmp_path, "straight", corpus_file, "--set", "train.batch_size=2", "--nproc", "2", *long)
+    assert straight.returncode == 0, straight.stderr
+    cmd = [sys.executable, "-m", "pipeline.cli", "finetune", "--artifacts", str(tmp_path), "--run", "killed",
+           *[a for s in MICRO for a in ("--set", s)], "--set", f"data.source={corpus_file}", "--set", "train.grad_accum=2",
+           "--set", "train.batch_size=2", "--nproc", "2", *long]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    state, deadline = tmp_path / "killed" / "train_state" / "state.pt", time.monotonic() + 180
+    while not state.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ranks = rank_pids(proc.pid)
+    assert set(ranks) == {0, 1}, ranks
+    os.kill(ranks[1], signal.SIGKILL)
+    out = proc.communicate(timeout=180)[0].decode()
+    assert proc.returncode != 0 and not (tmp_path / "killed" / "checkpoint").exists(), out
+    saved = torch.load(state, weights_only=True)
+    assert saved["world"] == 2 and 0 < saved["step"] < 30
+    resumed = finetune(tmp_path, "killed", corpus_file, "--set", "train.batch_size=2", "--nproc", "2", "--resume", *long)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    a, b = (load_file(tmp_path / name / "checkpoint" / "model.safetensors") for name in ("straight", "killed"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # same ranks, same batches, resumed from a whole state: bit-exact
