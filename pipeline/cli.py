@@ -218,14 +218,14 @@ def generate(prompt: Annotated[list[str], typer.Argument(help="One or more promp
 def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
           artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
           backend: BackendName = "ort", precision: PrecisionName = "fp32",
-          host: Annotated[Optional[str], typer.Option(help="Address to listen on [serve.host: 127.0.0.1].")] = None,
-          port: Annotated[Optional[int], typer.Option(min=1, max=65535, help="Port to listen on [serve.port: 8000].")] = None,
-          max_body: Annotated[Optional[int], typer.Option(min=1024, help="Largest request body in bytes, 413 above [serve.max_body].")] = None,
-          queue: Annotated[Optional[int], typer.Option(min=1, help="Requests that may wait to start, 429 above [serve.queue: 64].")] = None,
-          max_rows: Annotated[Optional[int], typer.Option(min=1, help="Prompts decoded at once, continuous batching [serve.max_rows: 64].")] = None,
+          host: Annotated[Optional[str], typer.Option(help="Address to listen on (config serve.host, default 127.0.0.1).")] = None,
+          port: Annotated[Optional[int], typer.Option(min=1, max=65535, help="Port to listen on (config serve.port, default 8000).")] = None,
+          max_body: Annotated[Optional[int], typer.Option(min=1024, help="Largest request body in bytes, 413 above (config serve.max_body).")] = None,
+          queue: Annotated[Optional[int], typer.Option(min=1, help="Requests that may wait to start, 429 above (config serve.queue, default 64).")] = None,
+          max_rows: Annotated[Optional[int], typer.Option(min=1, help="Prompts decoded at once, continuous batching (config serve.max_rows, default 64).")] = None,
           continuous: Annotated[bool, typer.Option(metavar="", help="Batch requests continuously (torch-compiled, triton); "
                                                    "--no-continuous serves one request at a time.")] = True,
-          timeout: Annotated[Optional[float], typer.Option(min=0.1, help="Seconds a request may run, 504 after [serve.timeout_s: 120].")] = None,
+          timeout: Annotated[Optional[float], typer.Option(min=0.1, help="Seconds a request may run, 504 after (config serve.timeout_s, default 120).")] = None,
           docs: Annotated[bool, typer.Option("--docs", metavar="", help="Also serve /docs and /openapi.json.")] = False) -> None:
     """Serve generation over HTTP: OpenAI's /v1/completions, /generate, /batch_generate, /health, /ready, /metrics."""
     try:

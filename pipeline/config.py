@@ -55,6 +55,7 @@ class TrainConfig:
     precision: str = "auto"  # auto (bf16 where supported, else fp32) | fp32 | bf16 | fp16
     checkpointing: bool = False  # activation checkpointing: recompute block activations in backward
     compile: bool = False  # torch.compile the model
+    parallel: str = "ddp"  # across ranks (torchrun): ddp (a whole copy per rank) | fsdp (FSDP2, weights and optimizer sharded)
     eval_interval: int = 200  # steps between held-out evaluations
     eval_batches: int = 20  # micro-batches per intermediate evaluation (the final one uses all)
     save_interval: int = 200  # steps between resumable training-state saves
@@ -163,6 +164,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 CHOICES = {
     ("train", "schedule"): ("cosine", "linear", "constant"),
     ("train", "precision"): ("auto", "fp32", "bf16", "fp16"),
+    ("train", "parallel"): ("ddp", "fsdp"),
 }
 
 

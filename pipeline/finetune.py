@@ -139,8 +139,12 @@ def _finetune(cfg: Config, run: RunDir, resume: bool, force: bool, on_step: Call
     step, samples, history, evals = 0, 0, [], []
     torch.manual_seed(t.seed)
     if state is not None:
-        model.load_state_dict(state["model"])
-        stepper.load_state_dict(state["stepper"])
+        if state.get("sharded", False) != stepper.sharded:  # the optimizer state's layout differs
+            raise UserError(f"{state_path}: saved with train.parallel={t.parallel} at {state['world']} ranks; resume it "
+                            "with train.parallel=fsdp on 2 or more ranks (--nproc), or --force to start over"
+                            if state.get("sharded") else
+                            f"{state_path}: saved without FSDP; resume it with train.parallel=ddp, or --force to start over")
+        stepper.load_state(state["model"], state["stepper"])
         step, samples, history, evals = state["step"], state["samples"], state["history"], state["evals"]
         _set_rng_state(state["rng"])
         if ranks.main:
@@ -157,15 +161,17 @@ def _finetune(cfg: Config, run: RunDir, resume: bool, force: bool, on_step: Call
         evals.append({"step": 0, "heldout_loss": stepper.evaluate(_eval_batches(heldout_set, t.batch_size, t.eval_batches))})
 
     def save_state() -> None:
-        """Rank 0 writes (every rank holds the same weights and optimizer state); the others wait."""
-        if not all(bool(p.isfinite().all()) for p in model.parameters()):  # never overwrite a good state with a diverged one
+        """The whole state (gathered where sharded), written by rank 0; the others wait."""
+        # never overwrite a good state with a diverged one; every rank looks at its own shard
+        if any_rank(not all(bool(p.isfinite().all()) for p in model.parameters()), ranks, device):
             raise UserError(f"finetune: the weights are no longer finite at step {step} (the run diverged; lower "
                             f"train.lr); {_kept(run)}")
+        weights, stepper_state = stepper.state()
         if ranks.main:
             with atomic_dir(run.train_state) as tmp:
-                torch.save({"fingerprint": stage_fp, "model": model.state_dict(), "stepper": stepper.state_dict(),
+                torch.save({"fingerprint": stage_fp, "model": weights, "stepper": stepper_state,
                             "step": step, "samples": samples, "history": history, "evals": evals,
-                            "rng": _rng_state(), "world": ranks.world}, tmp / STATE_FILE)
+                            "rng": _rng_state(), "world": ranks.world, "sharded": stepper.sharded}, tmp / STATE_FILE)
         barrier(ranks)
 
     timed_tokens, timed_seconds = 0, 0.0
@@ -218,8 +224,12 @@ def _finetune(cfg: Config, run: RunDir, resume: bool, force: bool, on_step: Call
                                           f"up to {FINAL_EVAL_BATCHES} batches of them",
         "train_loss": history, "heldout_loss": evals,
     }
+    weights = stepper.weights() if stepper.sharded else None  # every rank sends its shards
     if not ranks.main:
         return report
+    if weights is not None:  # a plain model of the same shape to write them from
+        model = new_model(cfg.model, t.seed)
+        model.load_state_dict(weights)
     _write_checkpoint(model, tokenizer, run.checkpoint)
     atomic_write_json(run.reports / "finetune.json", report)
     run.record("finetune", [run.checkpoint, run.reports / "finetune.json"], stage_fp, cfg.to_dict())

@@ -9,6 +9,13 @@ from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from transformers import GPT2LMHeadModel
 
@@ -35,14 +42,16 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def build_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def build_optimizer(model: torch.nn.Module, t: TrainConfig, device: torch.device,
+                    sharded: bool = False) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not biases, LayerNorm or embeddings' rows twice);
-    the fused kernel where the device has one."""
+    the fused kernel where the device has one (the foreach one for sharded parameters, as
+    TorchTitan runs FSDP2)."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = device.type in ("cuda", "cpu")  # torch >= 2.4 has fused AdamW on both
+    fused = not sharded and device.type in ("cuda", "cpu")  # torch >= 2.4 has fused AdamW on both
     return torch.optim.AdamW(groups, lr=t.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
 
 
@@ -83,11 +92,21 @@ class Stepper:
         self.dtype = amp_dtype(t.precision, device)
         if t.checkpointing:
             _enable_activation_checkpointing(model)
-        # several ranks: DistributedDataParallel averages the gradients across them in backward
-        self.model = model if ranks.world == 1 else DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+        # several ranks: FSDP2 shards each block's weights, gradients and optimizer state over them;
+        # DistributedDataParallel keeps a whole copy per rank; both average the gradients in backward
+        self.sharded = ranks.world > 1 and t.parallel == "fsdp"
+        if self.sharded:
+            if self.dtype == torch.float16:
+                raise UserError("train.parallel=fsdp trains in bf16 or fp32 (fp16's GradScaler is not sharded): "
+                                "set train.precision=bf16")
+            for block in model.transformer.h:
+                fully_shard(block)
+            self.model = fully_shard(model)
+        else:
+            self.model = model if ranks.world == 1 else DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
         self.loss_fn = torch.compile(lm_loss) if t.compile else lm_loss
-        self.optimizer = build_optimizer(model, t, device)
+        self.optimizer = build_optimizer(model, t, device, self.sharded)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(t))
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.dtype == torch.float16)
 
@@ -100,7 +119,9 @@ class Stepper:
                 x, y = (b.to(self.device, non_blocking=True) for b in next(batches))
                 # gradients are averaged across ranks once, in the backward before the optimizer step
                 last = i == self.t.grad_accum - 1
-                with contextlib.nullcontext() if last or self.ranks.world == 1 else self.model.no_sync():
+                if self.sharded:
+                    self.model.set_requires_gradient_sync(last)
+                with contextlib.nullcontext() if last or self.ranks.world == 1 or self.sharded else self.model.no_sync():
                     with autocast(self.device, self.dtype):
                         loss = self.loss_fn(self.model, x, y) / self.t.grad_accum
                     self.scaler.scale(loss).backward()
@@ -129,12 +150,31 @@ class Stepper:
                 losses.append(lm_loss(self.module, x.to(self.device), y.to(self.device)).item())
         return sum(losses) / len(losses)
 
-    def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict()}
+    def weights(self) -> dict:
+        """The model's whole weights. Sharded, every rank must call it (the shards are gathered) and
+        rank 0 gets them, on the CPU."""
+        if self.sharded:
+            return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return self.module.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+    def state(self) -> tuple[dict, dict]:
+        """(the model's weights, the optimizer's, scheduler's and scaler's state), whole; as weights()."""
+        if self.sharded:
+            weights, optimizer = get_state_dict(self.module, self.optimizer,
+                                                options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            weights, optimizer = self.module.state_dict(), self.optimizer.state_dict()
+        return weights, {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
+                         "scaler": self.scaler.state_dict()}
+
+    def load_state(self, weights: dict, state: dict) -> None:
+        """What `state` gave, back into the model and optimizer (sharded: cut into this rank's shards)."""
+        if self.sharded:
+            set_state_dict(self.module, self.optimizer, model_state_dict=weights, optim_state_dict=state["optimizer"],
+                           options=StateDictOptions(full_state_dict=True))
+        else:
+            self.module.load_state_dict(weights)
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
 

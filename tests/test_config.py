@@ -86,3 +86,14 @@ def test_the_larger_presets_have_the_published_shapes():
         with torch.device("meta"):  # the shape alone: no memory for 1.5B weights
             n = sum(p.numel() for p in new_model(m, 0).parameters())
         assert abs(n - params) / params < 0.002, (preset, n)
+
+
+def test_the_serve_section_takes_settings_and_refuses_bad_ones(tmp_path):
+    toml = tmp_path / "serve.toml"
+    toml.write_text('[serve]\nqueue = 5\nmax_rows = 16\ntimeout_s = 30.0\n')
+    cfg = load_config("tiny", toml, ["serve.port=9000"])
+    assert (cfg.serve.queue, cfg.serve.max_rows, cfg.serve.timeout_s, cfg.serve.port) == (5, 16, 30.0, 9000)
+    with pytest.raises(UserError, match="serve.port 0"):
+        load_config("tiny", overrides=["serve.port=0"])
+    with pytest.raises(UserError, match="serve.max_body"):
+        load_config("tiny", overrides=["serve.max_body=10"])

@@ -24,11 +24,15 @@ def test_ranks_split_each_micro_batch_of_the_one_stream():
     assert resumed == one[15:18] + one[21:24]  # a start counts every rank's samples
 
 
+def finetune_command(tmp_path, name: str, corpus) -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli", "finetune", "--artifacts", str(tmp_path), "--run", name,
+            *[a for s in MICRO for a in ("--set", s)], "--set", f"data.source={corpus}", "--set", "train.steps=6",
+            "--set", "train.grad_accum=2"]
+
+
 def finetune(tmp_path, name: str, corpus, *options: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pipeline.cli", "finetune", "--artifacts", str(tmp_path), "--run", name,
-           *[a for s in MICRO for a in ("--set", s)], "--set", f"data.source={corpus}", "--set", "train.steps=6",
-           "--set", "train.grad_accum=2", *options]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return subprocess.run([*finetune_command(tmp_path, name, corpus), *options], capture_output=True, text=True,
+                          timeout=600)
 
 
 @pytest.mark.slow
@@ -93,31 +97,63 @@ def rank_pids(launcher: int) -> dict[int, int]:
     return ranks
 
 
-@pytest.mark.slow
-def test_a_rank_killed_mid_run_fails_the_run_and_it_resumes_from_the_last_save(corpus_file, tmp_path):
-    """SIGKILL to one rank (no chance to save): the run fails, the state saved every 2 steps stays
-    whole, and --resume at the same rank count ends where a run never stopped ends."""
+def wait_for_state_then_kill_rank_1(proc: subprocess.Popen, run) -> dict:
+    """Once the run has saved its state, SIGKILL rank 1 (no chance to save more): the run must fail
+    and leave that state whole, and no checkpoint. -> the state"""
     import signal
     import time
 
-    long = ("--set", "train.steps=30", "--set", "train.save_interval=2", "--set", "train.eval_interval=1000")
-    straight = finetune(tmp_path, "straight", corpus_file, "--set", "train.batch_size=2", "--nproc", "2", *long)
-    assert straight.returncode == 0, straight.stderr
-    cmd = [sys.executable, "-m", "pipeline.cli", "finetune", "--artifacts", str(tmp_path), "--run", "killed",
-           *[a for s in MICRO for a in ("--set", s)], "--set", f"data.source={corpus_file}", "--set", "train.grad_accum=2",
-           "--set", "train.batch_size=2", "--nproc", "2", *long]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    state, deadline = tmp_path / "killed" / "train_state" / "state.pt", time.monotonic() + 180
+    state, deadline = run / "train_state" / "state.pt", time.monotonic() + 180
     while not state.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     ranks = rank_pids(proc.pid)
     assert set(ranks) == {0, 1}, ranks
     os.kill(ranks[1], signal.SIGKILL)
     out = proc.communicate(timeout=180)[0].decode()
-    assert proc.returncode != 0 and not (tmp_path / "killed" / "checkpoint").exists(), out
-    saved = torch.load(state, weights_only=True)
+    assert proc.returncode != 0 and not (run / "checkpoint").exists(), out
+    return torch.load(state, weights_only=True)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_run_fails_the_run_and_it_resumes_from_the_last_save(corpus_file, tmp_path):
+    """SIGKILL to one rank (no chance to save): the run fails, the state saved every 2 steps stays
+    whole, and --resume at the same rank count ends where a run never stopped ends."""
+    long = ("--set", "train.steps=30", "--set", "train.save_interval=2", "--set", "train.eval_interval=1000")
+    straight = finetune(tmp_path, "straight", corpus_file, "--set", "train.batch_size=2", "--nproc", "2", *long)
+    assert straight.returncode == 0, straight.stderr
+    proc = subprocess.Popen([*finetune_command(tmp_path, "killed", corpus_file), "--set", "train.batch_size=2",
+                             "--nproc", "2", *long], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    saved = wait_for_state_then_kill_rank_1(proc, tmp_path / "killed")
     assert saved["world"] == 2 and 0 < saved["step"] < 30
     resumed = finetune(tmp_path, "killed", corpus_file, "--set", "train.batch_size=2", "--nproc", "2", "--resume", *long)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     a, b = (load_file(tmp_path / name / "checkpoint" / "model.safetensors") for name in ("straight", "killed"))
     assert all(torch.equal(a[k], b[k]) for k in a)  # same ranks, same batches, resumed from a whole state: bit-exact
+
+
+@pytest.mark.slow
+def test_fsdp_ranks_train_as_one_process_and_resume(corpus_file, tmp_path):
+    """train.parallel=fsdp (FSDP2: each block's weights and optimizer state sharded over 2 ranks):
+    the losses and weights of one process with the global batch; a run stopped at its periodic save
+    resumes from the gathered state and ends where an unstopped one does."""
+    fsdp = ("--set", "train.parallel=fsdp", "--nproc", "2", "--set", "train.batch_size=2")
+    one = finetune(tmp_path, "one", corpus_file, "--set", "train.batch_size=4")
+    sharded = finetune(tmp_path, "sharded", corpus_file, *fsdp)
+    assert one.returncode == 0 and sharded.returncode == 0, sharded.stdout + sharded.stderr
+    report = {n: json.loads((tmp_path / n / "reports" / "finetune.json").read_text()) for n in ("one", "sharded")}
+    assert [h["loss"] for h in report["one"]["train_loss"]] == pytest.approx(
+        [h["loss"] for h in report["sharded"]["train_loss"]], rel=1e-4)
+    a, b = (load_file(tmp_path / n / "checkpoint" / "model.safetensors") for n in ("one", "sharded"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+    # stopped after its save at step 2 (SIGKILL to a rank: nothing saved after), resumed at 2 ranks
+    saving = (*fsdp, "--set", "train.save_interval=2", "--set", "train.steps=30")
+    straight = finetune(tmp_path, "straight", corpus_file, *saving)
+    assert straight.returncode == 0, straight.stderr
+    proc = subprocess.Popen([*finetune_command(tmp_path, "stopped", corpus_file), *saving],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wait_for_state_then_kill_rank_1(proc, tmp_path / "stopped")
+    resumed = finetune(tmp_path, "stopped", corpus_file, *saving, "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    a, b = (load_file(tmp_path / n / "checkpoint" / "model.safetensors") for n in ("straight", "stopped"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
