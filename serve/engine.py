@@ -154,8 +154,8 @@ def engine_main(spec: EngineSpec, pad_id: int, commands, results) -> None:
     import torch
 
     from pipeline.artifacts import RunDir
-    from pipeline.runtime.loader import open_backend
     from pipeline.runtime.scheduler import ContinuousScheduler, Job, make_scheduler
+    from pipeline.runtime.session import open_named_backend
 
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     # the parent decides when the engine stops (it drains first): a Ctrl-C or SIGTERM sent to the whole
@@ -163,11 +163,11 @@ def engine_main(spec: EngineSpec, pad_id: int, commands, results) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        backend = open_backend(RunDir(spec.run), spec.backend, spec.precision, torch.device(spec.device))
+        backend = open_named_backend(RunDir(spec.run), spec.backend, spec.precision, torch.device(spec.device))
         # the parent caps the queue: the child takes whatever it is sent
         scheduler = make_scheduler(backend, pad_id, spec.max_rows, 1 << 30, spec.continuous)
-    except Exception as e:
-        results.send(("failed", f"--backend {spec.backend} --precision {spec.precision}: {e}"))
+    except Exception as e:  # a UserError names the option; anything else says what it was
+        results.send(("failed", str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"))
         results.close()
         return
     outbox = Outbox(results)

@@ -60,7 +60,7 @@ def native_routes(hub: Hub) -> APIRouter:
 
     def usage(completion: Completion, started: float) -> dict:
         return {"prompt_tokens": completion.prompt_tokens,
-                "completion_tokens": sum(len(r.tokens) for r in completion.rows),
+                "completion_tokens": completion.generated_tokens,
                 "seconds": round(time.perf_counter() - started, 4)}
 
     @router.post("/generate")

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.errors import UserError
 from pipeline.runtime.sampling import Sampling
-from serve.errors import TimedOut, UnknownModel
+from serve.errors import TimedOut, UnknownModel, error_body
 from serve.streaming import Completion, Hub
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
@@ -111,7 +111,7 @@ class Reply:
         return self.echo[index] if self.echo else ""
 
     def usage(self) -> dict:
-        generated = sum(len(r.tokens) for r in self.completion.rows)
+        generated = self.completion.generated_tokens
         return {"prompt_tokens": self.completion.prompt_tokens, "completion_tokens": generated,
                 "total_tokens": self.completion.prompt_tokens + generated}
 
@@ -142,7 +142,7 @@ class Reply:
                     yield self.chunk(choices, options.continuous_usage_stats)
         except (UserError, TimedOut) as e:
             kind = "timeout_error" if isinstance(e, TimedOut) else "invalid_request_error"
-            yield f"data: {json.dumps({'error': {'message': str(e), 'type': kind, 'param': None, 'code': None}})}\n\n"
+            yield f"data: {json.dumps(error_body(str(e), kind))}\n\n"
         else:
             if options.include_usage:
                 yield self.chunk([], True)

@@ -99,6 +99,10 @@ class Completion:
         # QueueFull before any reply starts
         self.job = hub.engine.submit(prompts, sampling, lambda item: relay.put(self.results, item))
 
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(row.tokens) for row in self.rows)
+
     async def run(self, request: Request | None) -> AsyncIterator[None]:
         """Yields once the steps that arrived together are applied to the rows. The job is cancelled
         when the consumer stops early (a streaming reply whose client left), when `request`'s client
@@ -156,7 +160,7 @@ class Completion:
             if outcome == "ok":
                 metrics.e2e.observe(time.perf_counter() - self.arrived_at)
                 metrics.prompt_tokens.inc(self.prompt_tokens)
-                metrics.generated_tokens.inc(sum(len(row.tokens) for row in self.rows))
+                metrics.generated_tokens.inc(self.generated_tokens)
 
 
 class Hub:

@@ -65,9 +65,7 @@ def test_a_run_stopped_at_two_ranks_resumes_at_one_in_the_same_data_order(corpus
     long = ("--set", "train.steps=40", "--set", "train.save_interval=1000", "--set", "train.eval_interval=1000")
     straight = finetune(tmp_path, "straight", corpus_file, "--set", "train.batch_size=4", *long)
     assert straight.returncode == 0, straight.stderr
-    cmd = [sys.executable, "-m", "pipeline.cli", "finetune", "--artifacts", str(tmp_path), "--run", "stopped",
-           *[a for s in MICRO for a in ("--set", s)], "--set", f"data.source={corpus_file}", "--set", "train.grad_accum=2",
-           "--set", "train.batch_size=2", "--nproc", "2", *long]
+    cmd = [*finetune_command(tmp_path, "stopped", corpus_file), "--set", "train.batch_size=2", "--nproc", "2", *long]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     manifest, deadline = tmp_path / "stopped" / "manifest.json", time.monotonic() + 120
     while not (manifest.exists() and '"data"' in manifest.read_text()) and time.monotonic() < deadline:

@@ -1,4 +1,4 @@
-"""A backend opened for generating text: the one way `generate` and `serve` load what they run."""
+"""A backend opened for generating text: the one way `generate` and serve's engine load what they run."""
 
 from __future__ import annotations
 
@@ -36,13 +36,18 @@ class Session:
         return self.tokenizer.decode([t for t in tokens if t != self.eos])
 
 
-def open_session(run: RunDir, backend: str, precision: str, device: torch.device) -> Session:
-    """The run's tokenizer and the backend, or a one-line error naming the options when it cannot run here."""
-    tokenizer = load_tokenizer(run.checkpoint)
+def open_named_backend(run: RunDir, backend: str, precision: str, device: torch.device) -> Backend:
+    """The backend, or a one-line error naming the options when it cannot run here."""
     try:
-        return Session(open_backend(run, backend, precision, device), tokenizer)
+        return open_backend(run, backend, precision, device)
     except BackendUnavailable as e:
         raise UserError(f"--backend {backend} --precision {precision}: {e}") from None
+
+
+def open_session(run: RunDir, backend: str, precision: str, device: torch.device) -> Session:
+    """The run's tokenizer and the backend (open_named_backend)."""
+    tokenizer = load_tokenizer(run.checkpoint)
+    return Session(open_named_backend(run, backend, precision, device), tokenizer)
 
 
 def print_generation(session: Session, prompts: list[str], sampling: Sampling) -> None:
