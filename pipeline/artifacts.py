@@ -114,6 +114,11 @@ def _files_under(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
 
 
+def export_stage(precision: str, target: str = "portable") -> str:
+    """The manifest's stage name of one exported graph: export-<precision>, export-<target>-<precision>."""
+    return f"export-{precision}" if target == "portable" else f"export-{target}-{precision}"
+
+
 class RunDir:
     """Paths of one run and its manifest."""
 
@@ -127,8 +132,9 @@ class RunDir:
     reports = property(lambda self: self.root / "reports")
     manifest_path = property(lambda self: self.root / "manifest.json")
 
-    def onnx(self, precision: str) -> Path:
-        return self.root / "onnx" / precision
+    def onnx(self, precision: str, target: str = "portable") -> Path:
+        """The folder of one exported graph: onnx/<precision>, or onnx-<target>/<precision> for another target."""
+        return self.root / ("onnx" if target == "portable" else f"onnx-{target}") / precision
 
     def ensure_writable(self) -> None:
         """Make the run folder, and remove what an earlier stage killed mid-write left (remove_stale_temps)."""
@@ -190,20 +196,20 @@ class RunDir:
         """{relative path: sha256} of what `stage` produced, as recorded."""
         return {k: v["sha256"] for k, v in self.manifest()["artifacts"].items() if v.get("stage") == stage}
 
-    def require_exported(self, precision: str) -> str:
-        """The sha256 of onnx/<precision>/model.onnx, if it is the graph export wrote from the checkpoint
-        that is here now; else a UserError naming the file and what to rerun. A missing graph is left
-        to the caller to report."""
-        path = self.onnx(precision) / "model.onnx"
+    def require_exported(self, precision: str, target: str = "portable") -> str:
+        """The sha256 of the target's <precision>/model.onnx, if it is the graph export wrote from the
+        checkpoint that is here now; else a UserError naming the file and what to rerun. A missing
+        graph is left to the caller to report."""
+        path = self.onnx(precision, target) / "model.onnx"
         if not path.exists():
             return ""
         manifest, redo = self.manifest(), "; rerun `gpt2-deploy export --force`"
-        entry = manifest["stages"].get(f"export-{precision}")
+        entry = manifest["stages"].get(export_stage(precision, target))
         if entry is None:
             raise UserError(f"{path}: not recorded in {self.manifest_path} (an export that did not finish?){redo}")
         if entry.get("checkpoint") != self.artifact_hashes("finetune"):
             raise UserError(f"{path}: exported from another checkpoint than {self.checkpoint}{redo}")
-        recorded = manifest["artifacts"].get(f"onnx/{precision}/model.onnx", {}).get("sha256")
+        recorded = manifest["artifacts"].get(path.relative_to(self.root).as_posix(), {}).get("sha256")
         if recorded != sha256_file(path):
             raise UserError(f"{path}: not the {precision} graph export wrote (its sha256 differs from "
                             f"{self.manifest_path}){redo}")

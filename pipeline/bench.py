@@ -33,6 +33,7 @@ from pipeline.runtime.backend import Backend, BackendUnavailable
 from pipeline.runtime.batch import Prompts
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.loader import open_backend
+from pipeline.runtime.portable.ort_backend import cpu_threads
 from pipeline.runtime.sampling import Sampling
 from pipeline.tokenizer import load_tokenizer
 
@@ -160,6 +161,12 @@ def environment(device: torch.device) -> dict:
             env["clocks"] = f"unreadable ({type(e).__name__})"
     else:
         env["cpu_threads"] = torch.get_num_threads()
+    try:  # the module imported, which the package list can misname (onnxruntime-gpu installs as onnxruntime)
+        import onnxruntime
+        env["onnxruntime"] = {"version": onnxruntime.__version__, "providers": onnxruntime.get_available_providers(),
+                              "intra_op_threads": cpu_threads()}
+    except ImportError:
+        pass
     return env
 
 

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from pipeline.artifacts import ARTIFACTS_ROOT, RunDir
 from pipeline.config import PRESETS, Config, load_config, validate_config
+from pipeline.contract import TARGETS
 from pipeline.errors import Interrupted, UserError
 from pipeline.precisions import PRECISIONS
 from pipeline.progress import console
@@ -29,7 +30,7 @@ Artifacts = Annotated[Path, typer.Option("--artifacts", help="Folder that holds 
 Force = Annotated[bool, typer.Option("--force", metavar="", help="Redo the stage even if its outputs are up to date.")]
 Device = Annotated[str, typer.Option(help="auto (cuda if visible), cpu, cuda or cuda:N.")]
 # the backend names, as loader.BACKENDS has them: written out so that --help needs no torch import
-BACKEND_NAMES = "torch, torch-compiled, triton, ort, trt"
+BACKEND_NAMES = "torch, torch-compiled, triton, ort, ort-fused, ort-genai, trt"
 BackendName = Annotated[str, typer.Option("--backend", help=f"One of {BACKEND_NAMES}.")]
 BackendFilter = Annotated[Optional[list[str]], typer.Option("--backend", help=f"Only these backends (repeatable): {BACKEND_NAMES}.")]
 PrecisionFilter = Annotated[Optional[list[str]], typer.Option("--precision", help=f"Only these precisions (repeatable): {', '.join(PRECISIONS)}.")]
@@ -94,13 +95,18 @@ def finetune(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = No
 @user_errors
 def export(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
            artifacts: Artifacts = ARTIFACTS_ROOT, force: Force = False,
-           precision: PrecisionFilter = None) -> None:
-    """Export the checkpoint to ONNX with a KV cache in fp32, fp16, int8 (Q/DQ) and int8 weight-only."""
+           precision: PrecisionFilter = None,
+           target: Annotated[Optional[list[str]], typer.Option(
+               help=f"Only these graph families (repeatable): {', '.join(TARGETS)} (portable: standard ONNX, "
+                    "what TensorRT builds from; ort: ONNX Runtime's fused operators and an onnxruntime-genai folder).")] = None) -> None:
+    """Export the checkpoint to ONNX with a KV cache in fp32, fp16, int8 and int8 weight-only: the portable
+    graphs and ONNX Runtime's fused ones."""
     from pipeline.export.stage import export as run_export
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
-    if precision:
-        cfg.export.precisions = precision
+    if precision or target:
+        cfg.export.precisions = precision or cfg.export.precisions
+        cfg.export.targets = target or cfg.export.targets
         validate_config(cfg)
     run_export(cfg, rundir, force=force)
 

@@ -16,6 +16,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import tomllib
 
+from pipeline.contract import TARGETS
 from pipeline.errors import UserError
 from pipeline.precisions import PRECISIONS, Budget
 
@@ -69,6 +70,9 @@ class TrainConfig:
 class ExportConfig:
     opset: int = 18
     precisions: list[str] = field(default_factory=lambda: list(PRECISIONS))
+    # portable: standard ONNX (TensorRT builds from it); ort: ONNX Runtime's fused operators, a shared
+    # KV buffer, and an onnxruntime-genai folder (pipeline/contract.py)
+    targets: list[str] = field(default_factory=lambda: list(TARGETS))
     parity_prompts: int = 4  # held-out prompts run through ONNX Runtime after each export
     parity_tokens: int = 8  # greedy tokens compared in the post-export parity check
 
@@ -302,6 +306,8 @@ def validate_config(cfg: Config) -> None:
         (e.opset >= 18, "export.opset must be 18 or newer (the dynamo exporter's minimum)"),
         (bool(e.precisions) and all(p in PRECISIONS for p in e.precisions),
          f"export.precisions {e.precisions}: choose from {', '.join(PRECISIONS)}"),
+        (bool(e.targets) and all(t in TARGETS for t in e.targets),
+         f"export.targets {e.targets}: choose from {', '.join(TARGETS)}"),
         (e.parity_prompts >= 1 and e.parity_tokens >= 1, "export.parity_prompts and parity_tokens must be at least 1"),
         (v.prompts >= 1 and v.new_tokens >= 1 and v.perplexity_blocks >= 1,
          "validate.prompts, new_tokens and perplexity_blocks must be at least 1"),

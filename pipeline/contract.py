@@ -2,7 +2,12 @@
 ONNX Runtime and TensorRT backends, validate) derives names, dtypes and dynamic axes from here.
 
 One graph serves prefill (past length 0) and decode. The names are Optimum's, so tools that know
-Optimum's decoder exports recognise ours."""
+Optimum's decoder exports recognise ours.
+
+Export writes two families of graphs (targets) under this contract: `portable`, standard ONNX whose
+present is past + the new tokens (what TensorRT builds from), and `ort`, ONNX Runtime's fused
+operators over a cache that past and present share: a buffer of the cache's full length, read and
+written in place, each row filled from slot 0 and its length taken from the attention mask."""
 
 from __future__ import annotations
 
@@ -14,8 +19,14 @@ from pipeline.errors import UserError
 
 # symbolic axes
 BATCH, SEQ, PAST, TOTAL = "batch", "seq", "past", "past_plus_seq"
+KV_LENGTH, PRESENT_KV_LENGTH = "kv_length", "present_kv_length"  # the ort target's shared cache buffer
+PORTABLE, ORT = "portable", "ort"
+TARGETS = (PORTABLE, ORT)
 TOKEN_INPUTS = ("input_ids", "attention_mask", "position_ids")  # int64, in this order
 LOGITS = "logits"
+# the ort target's optional int64 scalar input: logits of the last N positions only, 0 (its default) for
+# all, as Hugging Face's logits_to_keep; a prefill that needs the last position skips the LM head elsewhere
+LOGITS_TO_KEEP = "logits_to_keep"
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,12 @@ class Contract:
     n_head: int
     head_dim: int
     vocab_size: int
+    target: str = PORTABLE
+
+    @property
+    def shared_kv(self) -> bool:
+        """Whether past and present are one buffer of the cache's full length (the ort target)."""
+        return self.target == ORT
 
     def kv_names(self, prefix: str) -> list[str]:
         return [f"{prefix}.{i}.{kind}" for i in range(self.n_layer) for kind in ("key", "value")]
@@ -48,11 +65,13 @@ class Contract:
     @property
     def inputs(self) -> list[Tensor]:
         ids = [Tensor(name, (BATCH, TOTAL if name == "attention_mask" else SEQ), "int64") for name in TOKEN_INPUTS]
-        return ids + [Tensor(n, (BATCH, self.n_head, PAST, self.head_dim), "model") for n in self.past_names]
+        past = KV_LENGTH if self.shared_kv else PAST
+        return ids + [Tensor(n, (BATCH, self.n_head, past, self.head_dim), "model") for n in self.past_names]
 
     @property
     def outputs(self) -> list[Tensor]:
-        kv = [Tensor(n, (BATCH, self.n_head, TOTAL, self.head_dim), "model") for n in self.present_names]
+        present = PRESENT_KV_LENGTH if self.shared_kv else TOTAL
+        kv = [Tensor(n, (BATCH, self.n_head, present, self.head_dim), "model") for n in self.present_names]
         return [Tensor(LOGITS, (BATCH, SEQ, self.vocab_size), "model")] + kv
 
     def missing(self, names: set[str]) -> list[str]:
@@ -68,8 +87,8 @@ class Contract:
         return [t.name for t in self.outputs]
 
     @classmethod
-    def from_hf_config(cls, config) -> "Contract":
-        return cls(config.n_layer, config.n_head, config.n_embd // config.n_head, config.vocab_size)
+    def from_hf_config(cls, config, target: str = PORTABLE) -> "Contract":
+        return cls(config.n_layer, config.n_head, config.n_embd // config.n_head, config.vocab_size, target)
 
 
 ONNX_DTYPES = {onnx.TensorProto.INT64: "int64", onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16"}

@@ -69,6 +69,8 @@ def run_checks() -> list[Finding]:
     findings.append(check_simple("transformers", "transformers", "transformers", "pip install transformers"))
     findings.append(check_simple("onnx", "onnx", "onnx", "pip install onnx"))
     findings += check_onnxruntime()
+    findings.append(check_simple("onnxruntime-genai", "onnxruntime_genai", "onnxruntime-genai",
+                                 "the ort-genai bench row needs it: pip install onnxruntime-genai"))
     findings.append(check_simple("modelopt", "modelopt.onnx.quantization", "nvidia-modelopt",
                                  "fp16/int8 export needs it: pip install 'gpt2-deploy[quant]'"))
     findings.append(check_simple("polygraphy", "polygraphy", "polygraphy", "pip install 'gpt2-deploy[quant]'"))

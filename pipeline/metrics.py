@@ -114,7 +114,8 @@ def check(candidate: Backend, reference: dict, prompts: list[list[int]], new_tok
 
 
 def graph_parity(onnx_path, precision: str, model, prompts: list[list[int]], new_tokens: int,
-                 budget: Budget) -> tuple[dict, list[str]]:
+                 budget: Budget, target: str) -> tuple[dict, list[str]]:
     """export's check of a graph before it lands: ONNX Runtime on the CPU against PyTorch fp32."""
     reference = measure(TorchEagerBackend(model, "fp32"), prompts, new_tokens)
-    return check(open_graph(onnx_path, model.config, precision, torch.device("cpu")), reference, prompts, new_tokens, budget)
+    candidate = open_graph(onnx_path, model.config, precision, torch.device("cpu"), target)
+    return check(candidate, reference, prompts, new_tokens, budget)

@@ -28,6 +28,7 @@ def test_toml_file_then_overrides(tmp_path):
     ("train.steps=many", "'many' is not a valid int"),
     ("model.n_head=3", "multiple of model.n_head"),
     ("export.precisions=fp32,int4", "export.precisions"),
+    ("export.targets=portable,tflite", "export.targets ['portable', 'tflite']: choose from portable, ort"),
     ("train", "expected SECTION.KEY=VALUE"),
 ])
 def test_invalid_values_are_rejected_with_the_key(override, message):

@@ -1,9 +1,11 @@
-"""`gpt2-deploy export`: checkpoint -> onnx/{fp32,fp16,int8,int8-wo}/model.onnx.
+"""`gpt2-deploy export`: checkpoint -> onnx/{fp32,fp16,int8,int8-wo}/model.onnx (the portable
+target) and onnx-ort/<precision>/ (the ort target: model.onnx, genai_config.json, tokenizer files).
 
-fp32 comes from PyTorch; the other precisions are transforms of the fp32 graph. Each variant is
-written into a temporary folder, checked (ONNX checker, shape inference, the contract, and a
-parity run on ONNX Runtime against PyTorch) and only then moved into place, so a failed or
-interrupted export leaves nothing a later stage could mistake for a good graph."""
+Portable fp32 comes from PyTorch; its other precisions are transforms of the fp32 graph. The ort
+target's graphs are written from the weights (export/ort_graph.py). Each variant is written into a
+temporary folder, checked (ONNX checker, shape inference, the contract, and a parity run on ONNX
+Runtime against PyTorch) and only then moved into place, so a failed or interrupted export leaves
+nothing a later stage could mistake for a good graph."""
 
 from __future__ import annotations
 
@@ -13,15 +15,23 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts import RunDir, atomic_dir, atomic_write_json, fingerprint
+from pipeline.artifacts import (
+    RunDir,
+    atomic_dir,
+    atomic_write_json,
+    export_stage,
+    fingerprint,
+)
 from pipeline.config import Config
-from pipeline.contract import Contract, check_graph
+from pipeline.contract import ORT, PORTABLE, Contract, check_graph
 from pipeline.data import heldout_blocks, prepare_data
 from pipeline.errors import UserError
 from pipeline.export.calibration import calibration_feeds
 from pipeline.export.fp16 import convert_fp16
+from pipeline.export.genai_config import write_genai_folder
 from pipeline.export.int8 import convert_int8_qdq, convert_int8_weight_only
 from pipeline.export.onnx_fp32 import export_fp32, finish_graph
+from pipeline.export.ort_graph import GRAPH_VERSION, ORT_GRAPHS, export_ort_graph
 from pipeline.metrics import graph_parity
 from pipeline.model import load_checkpoint
 from pipeline.precisions import PRECISIONS
@@ -57,12 +67,16 @@ def _weight_only_int8(fp32_path: Path, out: Path, model, calib: np.ndarray, opse
 CONVERTERS = {"fp32": _export_fp32, "fp16": _autocast_fp16, "int8": _quantize_int8, "int8-wo": _weight_only_int8}
 
 
+def _ort_graph(run: RunDir, precision: str, out: Path, model, opset: int) -> None:
+    export_ort_graph(model, precision, out, opset)
+    write_genai_folder(out.parent, model.config, out.name, run.checkpoint)
+
+
 def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force: bool = False) -> dict:
     run.ensure_writable()
     precisions = precisions or cfg.export.precisions
     model = load_checkpoint(run.checkpoint)
     tokenizer = load_tokenizer(run.checkpoint)
-    contract = Contract.from_hf_config(model.config)
     ckpt_hashes = run.artifact_hashes("finetune")
     if not ckpt_hashes:
         raise UserError(f"{run.checkpoint}: not recorded in {run.manifest_path}; rerun `gpt2-deploy finetune`")
@@ -72,36 +86,49 @@ def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force:
     calib = blocks[:d.calib_samples]
     # prompts of different lengths, so the parity check covers left padding
     prompts = [row[: max(1, d.calib_block_size // 2 - 3 * i)].tolist() for i, row in enumerate(blocks[d.calib_samples:])]
-    order = ["fp32"] + [p for p in precisions if p != "fp32"]  # every other variant derives from fp32
+    jobs = []
+    if PORTABLE in e.targets:  # every other portable variant derives from fp32
+        jobs += [(PORTABLE, p) for p in ["fp32"] + [p for p in precisions if p != "fp32"]]
+    if ORT in e.targets:
+        jobs += [(ORT, p) for p in precisions]
     report = _load_report(run)
-    for precision in progress(order, total=len(order), description="export"):
-        stage = f"export-{precision}"
-        fp32_hash = run.artifact_hashes("export-fp32").get(f"onnx/fp32/{MODEL_FILE}")
-        stage_fp = fingerprint(ckpt_hashes, e.opset, fp32_hash if precision != "fp32" else None,
-                               (d.calib_samples, d.calib_block_size, run.artifact_hashes("data")) if PRECISIONS[precision].calibrated else None)
+    for target, precision in progress(jobs, total=len(jobs), description="export"):
+        stage, folder = export_stage(precision, target), run.onnx(precision, target)
+        where = folder.relative_to(run.root).as_posix()
+        if target == PORTABLE:
+            fp32_hash = run.artifact_hashes("export-fp32").get(f"onnx/fp32/{MODEL_FILE}")
+            stage_fp = fingerprint(ckpt_hashes, e.opset, fp32_hash if precision != "fp32" else None,
+                                   (d.calib_samples, d.calib_block_size, run.artifact_hashes("data"))
+                                   if PRECISIONS[precision].calibrated else None)
+        else:
+            stage_fp = fingerprint(ckpt_hashes, e.opset, target, GRAPH_VERSION, repr(ORT_GRAPHS[precision]))
         if not force and run.is_fresh(stage, stage_fp):
-            console.print(f"export: onnx/{precision} is up to date")
+            console.print(f"export: {where} is up to date")
             continue
         run.forget(stage)
         started = time.perf_counter()
-        with atomic_dir(run.onnx(precision)) as tmp:
+        with atomic_dir(folder) as tmp:
             out = tmp / MODEL_FILE
-            CONVERTERS[precision](run.onnx("fp32") / MODEL_FILE, out, model, calib, e.opset)
+            if target == PORTABLE:
+                CONVERTERS[precision](run.onnx("fp32") / MODEL_FILE, out, model, calib, e.opset)
+            else:
+                _ort_graph(run, precision, out, model, e.opset)
             graph = finish_graph(out)
-            check_graph(graph, contract, f"onnx/{precision}")
+            check_graph(graph, Contract.from_hf_config(model.config, target), where)
             seconds = time.perf_counter() - started
             parity, failures = graph_parity(out, precision, model, prompts, e.parity_tokens,
-                                            cfg.validate.budgets[precision])
+                                            cfg.validate.budgets[precision], target)
             if failures:
-                raise UserError(f"export {precision}: the graph disagrees with PyTorch on ONNX Runtime "
+                raise UserError(f"export {where}: the graph disagrees with PyTorch on ONNX Runtime "
                                 f"({'; '.join(failures)}); nothing was written")
-        files = sorted(p for p in run.onnx(precision).iterdir())
-        report[precision] = {"export_seconds": round(seconds, 2), "bytes": sum(f.stat().st_size for f in files),
-                             "files": [f.name for f in files], "opset": e.opset,
-                             "ir_version": graph.ir_version, "parity_ort_cpu": parity}
-        run.record(stage, [run.onnx(precision)], stage_fp, {"export": cfg.section("export"), "data": cfg.section("data")},
+        files = sorted(p for p in folder.iterdir())
+        key = precision if target == PORTABLE else f"{target}/{precision}"
+        report[key] = {"target": target, "export_seconds": round(seconds, 2), "bytes": sum(f.stat().st_size for f in files),
+                       "files": [f.name for f in files], "opset": e.opset,
+                       "ir_version": graph.ir_version, "parity_ort_cpu": parity}
+        run.record(stage, [folder], stage_fp, {"export": cfg.section("export"), "data": cfg.section("data")},
                    {"checkpoint": ckpt_hashes})
-        console.print(f"export: onnx/{precision} {report[precision]['bytes'] / 1e6:.1f} MB in {seconds:.1f}s; "
+        console.print(f"export: {where} {report[key]['bytes'] / 1e6:.1f} MB in {seconds:.1f}s; "
                       f"vs PyTorch: rel error {parity['rel_error']:.2e}, top-1 {parity['top1']:.3f}, "
                       f"greedy identical {parity['identical_tokens']:.3f}")
     atomic_write_json(run.reports / "export.json", report)

@@ -15,7 +15,7 @@ import torch
 from transformers import GPT2Config
 
 from pipeline.artifacts import RunDir
-from pipeline.contract import Contract
+from pipeline.contract import ORT, PORTABLE, Contract
 from pipeline.engines.metadata import EngineMeta, plans_for
 from pipeline.errors import UserError
 from pipeline.model import load_checkpoint, require_checkpoint
@@ -28,15 +28,18 @@ class BackendSpec:
     name: str
     precisions: tuple[str, ...]  # what it runs
     devices: tuple[str, ...]  # device types it runs on
-    reads: str  # the artifact it runs: "checkpoint", "onnx" or "engine"
+    reads: str  # the artifact it runs: "checkpoint", "onnx" (portable), "onnx-ort" or "engine"
     open: Callable[..., Backend]  # (run, precision, device, model or None) -> Backend
     summary: str  # for help texts
     matrix: tuple[str, ...] | None = None  # the precisions validate and bench run it in (None: all it runs)
+    validated: bool = True  # validate runs it (it computes every position's logits of padded prompts)
 
     def verify(self, run: RunDir, precision: str) -> None:
         """Refuse an artifact that is not the one this run's stages made (a UserError, whatever the device)."""
         if self.reads == "onnx":
             run.require_exported(precision)
+        elif self.reads == "onnx-ort":
+            run.require_exported(precision, ORT)
         elif self.reads == "engine":
             require_built(run, precision)
 
@@ -65,10 +68,25 @@ def _open_ort(run: RunDir, precision: str, device: torch.device, model) -> Backe
     return open_graph(onnx_path(run, precision), _checkpoint_config(run, model), precision, device)
 
 
-def open_graph(path, config: GPT2Config, precision: str, device: torch.device) -> Backend:
-    """ONNX Runtime on any graph of the contract for a model of this config (export checks its own before they land)."""
+def open_graph(path, config: GPT2Config, precision: str, device: torch.device, target: str = PORTABLE) -> Backend:
+    """ONNX Runtime on any graph of the target's contract for a model of this config (export checks
+    its own before they land)."""
+    contract = Contract.from_hf_config(config, target)
+    if target == ORT:
+        from pipeline.runtime.portable.ort_fused import OrtFusedBackend
+        return OrtFusedBackend(path, contract, precision, device, config.n_positions)
     from pipeline.runtime.portable.ort_backend import OrtBackend
-    return OrtBackend(path, Contract.from_hf_config(config), precision, device, config.n_positions)
+    return OrtBackend(path, contract, precision, device, config.n_positions)
+
+
+def _open_ort_fused(run: RunDir, precision: str, device: torch.device, model) -> Backend:
+    return open_graph(onnx_path(run, precision, ORT), _checkpoint_config(run, model), precision, device, ORT)
+
+
+def _open_ort_genai(run: RunDir, precision: str, device: torch.device, model) -> Backend:
+    from pipeline.runtime.portable.ort_genai import OrtGenaiBackend
+    config = _checkpoint_config(run, model)
+    return OrtGenaiBackend(onnx_path(run, precision, ORT).parent, precision, device, config.n_positions, config.vocab_size)
 
 
 def _open_trt(run: RunDir, precision: str, device: torch.device, model) -> Backend:
@@ -84,7 +102,13 @@ BACKENDS: dict[str, BackendSpec] = {b.name: b for b in (
                 "static cache, torch.compile, CUDA graphs"),
     BackendSpec("triton", TORCH_RUNS, ("cuda",), "checkpoint", _torch_opener("triton"),
                 "static cache, hand-written Triton kernels, CUDA graphs", matrix=("fp16",)),
-    BackendSpec("ort", tuple(PRECISIONS), ("cpu", "cuda"), "onnx", _open_ort, "ONNX Runtime on the exported graph"),
+    BackendSpec("ort", tuple(PRECISIONS), ("cpu", "cuda"), "onnx", _open_ort, "ONNX Runtime on the portable graph"),
+    BackendSpec("ort-fused", tuple(PRECISIONS), ("cpu", "cuda"), "onnx-ort", _open_ort_fused,
+                "ONNX Runtime on the ort target's fused graph, KV cache in place, CUDA graphs on a GPU"),
+    # the CPU graphs: onnxruntime-genai's CPU package is what runs here
+    BackendSpec("ort-genai", tuple(PRECISIONS), ("cpu",), "onnx-ort", _open_ort_genai,
+                "onnxruntime-genai's CPU package on the ort target's folder, its own greedy loop",
+                matrix=("fp32", "int8"), validated=False),
     BackendSpec("trt", tuple(PRECISIONS), ("cuda",), "engine", _open_trt, "TensorRT engine from build-engine"),
 )}
 
@@ -98,10 +122,12 @@ def require_built(run: RunDir, precision: str) -> None:
                             "rerun `gpt2-deploy build-engine --force`")
 
 
-def onnx_path(run: RunDir, precision: str):
-    path = run.onnx(precision) / "model.onnx"
+def onnx_path(run: RunDir, precision: str, target: str = PORTABLE):
+    path = run.onnx(precision, target) / "model.onnx"
     if not path.exists():
-        raise BackendUnavailable(f"no onnx/{precision} graph in {run.root}: run `gpt2-deploy export`")
+        option = "" if target == PORTABLE else f" --target {target}"
+        raise BackendUnavailable(f"no {path.parent.relative_to(run.root).as_posix()} graph in {run.root}: "
+                                 f"run `gpt2-deploy export{option}`")
     return path
 
 
@@ -125,22 +151,24 @@ def open_backend(run: RunDir, name: str, precision: str, device: torch.device, m
         raise BackendUnavailable(f"unknown backend/precision {name}/{precision}")
     if precision not in spec.precisions:
         runners = [b.name for b in BACKENDS.values() if precision in b.precisions]
-        raise BackendUnavailable(f"{name} runs {'/'.join(spec.precisions)}; {precision} runs on {' or '.join(runners)}")
+        raise BackendUnavailable(f"{name} runs {'/'.join(spec.precisions)}; {precision} runs on {', '.join(runners)}")
     spec.verify(run, precision)
     if device.type not in spec.devices:
-        raise BackendUnavailable(f"{name} runs on a CUDA GPU (its kernels or engines are built for one); "
-                                 f"this run is on the {device.type.upper()}")
+        where = ("a CUDA GPU (its kernels or engines are built for one)" if spec.devices == ("cuda",)
+                 else f"the CPU only ({spec.summary})")
+        raise BackendUnavailable(f"{name} runs on {where}; this run is on the {device.type.upper()}")
     if spec.reads == "checkpoint" and precision == "fp16" and device.type != "cuda":
         raise BackendUnavailable("fp16 PyTorch runs on a GPU only (no CUDA device here)")
     return spec.open(run, precision, device, model)
 
 
-def default_matrix() -> list[tuple[str, str]]:
-    """Every (backend, precision) pair this project runs, but the fp32 PyTorch reference itself.
-    Pairs that cannot run on a machine are still listed, so reports say why they were skipped."""
-    return [(b.name, p) for b in BACKENDS.values() for p in (b.matrix or b.precisions)]
+def default_matrix(validated_only: bool = True) -> list[tuple[str, str]]:
+    """Every (backend, precision) pair validate runs (all, without validated_only), but the fp32
+    PyTorch reference itself. Pairs that cannot run on a machine are still listed, so reports say
+    why they were skipped."""
+    return [(b.name, p) for b in BACKENDS.values() if b.validated or not validated_only for p in (b.matrix or b.precisions)]
 
 
 def bench_matrix() -> list[tuple[str, str]]:
     """What bench measures: the eager fp32 reference too, since every speed-up is relative to eager."""
-    return [("torch", "fp32")] + default_matrix()
+    return [("torch", "fp32")] + default_matrix(validated_only=False)

@@ -100,7 +100,7 @@ def test_a_variant_over_budget_leaves_nothing_behind(exported, tmp_path):
     strict.forget("export-int8")
     cfg.validate.budgets["int8"].max_rel_error = 1e-9
     try:
-        with pytest.raises(UserError, match="export int8: the graph disagrees with PyTorch .*nothing was written"):
+        with pytest.raises(UserError, match="export onnx/int8: the graph disagrees with PyTorch .*nothing was written"):
             export(cfg, strict, precisions=["int8"], force=True)
     finally:
         cfg.validate.budgets["int8"].max_rel_error = 0.1

@@ -21,16 +21,20 @@ def test_the_registry_names_known_precisions_and_the_cli_lists_every_backend():
 
 def test_the_matrices_come_from_the_registry():
     assert default_matrix() == [("torch", "fp16"), ("torch-compiled", "fp32"), ("torch-compiled", "fp16"),
-                                ("triton", "fp16"), *[("ort", p) for p in PRECISIONS], *[("trt", p) for p in PRECISIONS]]
-    assert bench_matrix() == [("torch", "fp32"), *default_matrix()]
+                                ("triton", "fp16"), *[("ort", p) for p in PRECISIONS],
+                                *[("ort-fused", p) for p in PRECISIONS], *[("trt", p) for p in PRECISIONS]]
+    # onnxruntime-genai is benched, not validated: it returns the last position's logits only
+    assert bench_matrix() == [("torch", "fp32"), *default_matrix()[:-4], ("ort-genai", "fp32"), ("ort-genai", "int8"),
+                              *default_matrix()[-4:]]
 
 
 @pytest.mark.parametrize("name, precision, device, message", [
     ("nope", "fp32", CPU, "unknown backend/precision nope/fp32"),
-    ("torch", "int8", CPU, "torch runs fp32/fp16; int8 runs on ort or trt"),
+    ("torch", "int8", CPU, "torch runs fp32/fp16; int8 runs on ort, ort-fused, ort-genai, trt"),
     ("triton", "fp16", CPU, "triton runs on a CUDA GPU .* this run is on the CPU"),
     ("trt", "fp16", CPU, "trt runs on a CUDA GPU"),
     ("torch-compiled", "fp16", CPU, "fp16 PyTorch runs on a GPU only"),
+    ("ort-genai", "fp32", torch.device("cuda"), "ort-genai runs on the CPU only \\(onnxruntime-genai's CPU package.*this run is on the CUDA"),
 ])
 def test_pairs_that_cannot_run_here_say_why(tmp_path, name, precision, device, message):
     with pytest.raises(BackendUnavailable, match=message):
@@ -45,3 +49,6 @@ def test_a_missing_graph_names_the_stage_that_makes_it(exported_run, tmp_path):
     (run.onnx("int8") / "model.onnx").unlink()
     with pytest.raises(BackendUnavailable, match=r"no onnx/int8 graph .*gpt2-deploy export"):
         open_backend(run, "ort", "int8", CPU)
+    (run.onnx("int8", "ort") / "model.onnx").unlink()
+    with pytest.raises(BackendUnavailable, match=r"no onnx-ort/int8 graph .*gpt2-deploy export --target ort"):
+        open_backend(run, "ort-fused", "int8", CPU)

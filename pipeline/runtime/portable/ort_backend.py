@@ -4,6 +4,7 @@ and nothing is allocated per step but the logits."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -32,15 +33,63 @@ def import_ort():
     return onnxruntime
 
 
-def session_options(precision: str):
+def cpu_threads() -> int:
+    """The cores this process may run on: ONNX Runtime's intra-op threads on a CPU (its own default
+    counts the host's cores, which a container's CPU limit can leave idle or oversubscribe)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def session_options(fuse_qdq: bool):
     ort = import_ort()
     options = ort.SessionOptions()
     # Extended/all levels fuse Q/DQ pairs into integer kernels on the CPU, which changes the
     # numbers being validated; basic keeps the graph's arithmetic as written.
-    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC if PRECISIONS[precision].qdq
-                                        else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if fuse_qdq
+                                        else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    options.intra_op_num_threads = cpu_threads()
     options.log_severity_level = 3
     return options
+
+
+def open_session(onnx_path: Path, contract: Contract, precision: str, device: torch.device, fuse_qdq: bool,
+                 cuda_options: dict | None = None):
+    """An InferenceSession on the device, checked to have the contract's inputs and outputs. On CUDA it
+    works on torch's current stream, so torch's writes to bound inputs are ordered before each run."""
+    ort = import_ort()
+    if device.type == "cuda":
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise BackendUnavailable("onnxruntime has no CUDA provider here: install onnxruntime-gpu ([gpu] extra)")
+        if hasattr(ort, "preload_dlls"):
+            ort.preload_dlls()  # CUDA/cuDNN from the nvidia-* wheels torch brought, rather than the system's
+        stream = torch.cuda.current_stream(device).cuda_stream
+        options = {"device_id": device.index or 0, "user_compute_stream": str(stream),
+                   # an fp32 graph promises fp32 arithmetic: TF32 matmuls moved logits by 4e-5 on an H200
+                   "use_tf32": "0" if precision == "fp32" else "1", **(cuda_options or {})}
+        providers = [("CUDAExecutionProvider", options)]
+    else:
+        providers = ["CPUExecutionProvider"]
+    try:
+        session = ort.InferenceSession(str(onnx_path), session_options(fuse_qdq), providers=providers)
+    except Exception as e:  # onnxruntime raises its own types for a truncated or foreign file
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise UserError(f"{onnx_path}: ONNX Runtime cannot load it ({first}); rerun `gpt2-deploy export --force`") from None
+    missing = contract.missing({t.name for t in [*session.get_inputs(), *session.get_outputs()]})
+    if missing:
+        raise BackendUnavailable(f"{onnx_path}: not a graph of this pipeline's contract (no {', '.join(missing[:3])})")
+    return session
+
+
+def io_dtypes(session) -> dict[str, torch.dtype]:
+    """{input or output name: its torch dtype}"""
+    return {t.name: TORCH_OF[NUMPY_OF[t.type]] for t in [*session.get_inputs(), *session.get_outputs()]
+            if t.type in NUMPY_OF}
+
+
+def bind(binding, name: str, tensor: torch.Tensor, output: bool = False) -> None:
+    """Bind a torch tensor's memory to an IO binding by address."""
+    bind_to = binding.bind_output if output else binding.bind_input
+    bind_to(name, tensor.device.type, tensor.device.index or 0, NUMPY_OF_TORCH[tensor.dtype], list(tensor.shape),
+            tensor.data_ptr())
 
 
 class OrtBackend(ContractGraphBackend):
@@ -48,44 +97,16 @@ class OrtBackend(ContractGraphBackend):
 
     def __init__(self, onnx_path: Path, contract: Contract, precision: str, device: str | torch.device = "cpu",
                  n_positions: int = 1024):
-        ort = import_ort()
         self.precision, self.device, self.n_positions = precision, torch.device(device), n_positions
-        if self.device.type == "cuda":
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise BackendUnavailable("onnxruntime has no CUDA provider here: install onnxruntime-gpu ([gpu] extra)")
-            if hasattr(ort, "preload_dlls"):
-                ort.preload_dlls()  # CUDA/cuDNN from the nvidia-* wheels torch brought, rather than the system's
-            stream = torch.cuda.current_stream(self.device).cuda_stream
-            # ORT works on torch's stream, so torch's writes to bound inputs are ordered before it
-            options = {"device_id": self.device.index or 0, "user_compute_stream": str(stream),
-                       # an fp32 graph promises fp32 arithmetic: TF32 matmuls moved logits by 4e-5 on an H200
-                       "use_tf32": "0" if precision == "fp32" else "1"}
-            providers = [("CUDAExecutionProvider", options)]
-        else:
-            providers = ["CPUExecutionProvider"]
-        try:
-            self.session = ort.InferenceSession(str(onnx_path), session_options(precision), providers=providers)
-        except Exception as e:  # onnxruntime raises its own types for a truncated or foreign file
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise UserError(f"{onnx_path}: ONNX Runtime cannot load it ({first}); rerun `gpt2-deploy export --force`") from None
-        io = {t.name: t for t in [*self.session.get_inputs(), *self.session.get_outputs()]}
-        missing = contract.missing(set(io))
-        if missing:
-            raise BackendUnavailable(f"{onnx_path}: not a graph of this pipeline's contract (no {', '.join(missing[:3])})")
-        dtype_of = lambda name: TORCH_OF[NUMPY_OF[io[name].type]]  # noqa: E731
+        self.session = open_session(onnx_path, contract, precision, self.device, not PRECISIONS[precision].qdq)
+        dtypes = io_dtypes(self.session)
         self.vocab_size = contract.vocab_size
-        self.ort_device = ("cuda", self.device.index or 0) if self.device.type == "cuda" else ("cpu", 0)
-        self.kv = PingPongKV(contract, dtype_of(contract.past_names[0]), self.device, dtype_of(LOGITS))
-
-    def _bind(self, binding, name: str, tensor: torch.Tensor, output: bool = False) -> None:
-        bind = binding.bind_output if output else binding.bind_input
-        bind(name, self.ort_device[0], self.ort_device[1], NUMPY_OF_TORCH[tensor.dtype], list(tensor.shape),
-             tensor.data_ptr())
+        self.kv = PingPongKV(contract, dtypes[contract.past_names[0]], self.device, dtypes[LOGITS])
 
     def run(self, inputs: Binding, outputs: Binding) -> None:
         binding = self.session.io_binding()
         for name, tensor in inputs:
-            self._bind(binding, name, tensor)
+            bind(binding, name, tensor)
         for name, tensor in outputs:
-            self._bind(binding, name, tensor, output=True)
+            bind(binding, name, tensor, output=True)
         self.session.run_with_iobinding(binding)
