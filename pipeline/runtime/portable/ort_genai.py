@@ -61,6 +61,11 @@ class OrtGenaiBackend(Backend):
 
     def greedy_steps(self, token: torch.Tensor, position: torch.Tensor, count: int) -> Iterator[torch.Tensor]:
         self.generator.generate_next_token()  # its own pick from the prefill's logits: `token`, yielded already
-        for _ in range(count):
+        for step in range(count):
+            # it ends a generation once every row has given end-of-text; a caller stopping there (its stop
+            # tokens) never asks for more, one that ignores end-of-text cannot get it from this runtime
+            if self.generator.is_done():
+                raise ValueError(f"onnxruntime-genai ended the generation at end-of-text after {step + 1} tokens; "
+                                 "it generates past end-of-text only up to its max_length, not on request")
             self.generator.generate_next_token()
             yield torch.from_numpy(np.asarray(self.generator.get_next_tokens(), dtype=np.int64))
