@@ -68,6 +68,16 @@ def _setup(preset: str, config: Optional[Path], sets: Optional[list[str]], run: 
     return cfg, RunDir(artifacts / cfg.run_name)
 
 
+def _relaunch_on_ranks(nproc: int) -> None:
+    """With --nproc N above 1 outside torchrun: this command again, once per rank, under torchrun's
+    launcher; exits with the ranks' exit code."""
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        from pipeline.distributed import launch
+
+        argv = [a for i, a in enumerate(sys.argv[1:]) if not (a.startswith("--nproc") or sys.argv[i] == "--nproc")]
+        raise typer.Exit(launch(nproc, argv))
+
+
 @app.command()
 @user_errors
 def finetune(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
@@ -81,11 +91,7 @@ def finetune(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = No
     from pipeline.finetune import finetune as run_finetune
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts, model_source=model)
-    if nproc > 1 and "WORLD_SIZE" not in os.environ:  # this command again, once per rank, under torchrun's launcher
-        from pipeline.distributed import launch
-
-        argv = [a for i, a in enumerate(sys.argv[1:]) if not (a.startswith("--nproc") or sys.argv[i] == "--nproc")]
-        raise typer.Exit(launch(nproc, argv))
+    _relaunch_on_ranks(nproc)
     if data is not None:
         cfg.data.source = data
     run_finetune(cfg, rundir, resume=resume, force=force)
@@ -299,13 +305,20 @@ def train_bench(preset: Preset = "gpt2", config: ConfigFile = None, sets: Sets =
                 artifacts: Artifacts = ARTIFACTS_ROOT,
                 settings: Annotated[str, typer.Option(help="Comma-separated settings to compare.")] =
                 "fp32,amp-bf16,amp-bf16+ckpt,amp-bf16+compile,amp-bf16+ckpt+compile",
-                steps: Annotated[int, typer.Option(min=1, help="Timed steps per setting.")] = 10) -> None:
-    """Benchmark training throughput, memory and MFU per setting on the GPU."""
+                steps: Annotated[int, typer.Option(min=1, help="Timed steps per setting.")] = 10,
+                nproc: Annotated[int, typer.Option(min=1, help="Ranks (one per GPU) through torchrun, as finetune "
+                                                   "runs them; the report adds rank 0 alone and the scaling efficiency.")] = 1) -> None:
+    """Benchmark training throughput, memory and MFU per setting (on one device, or on --nproc ranks)."""
+    from pipeline.distributed import ranks_from_env
     from pipeline.train_bench import report
     from pipeline.train_bench import train_bench as run_bench
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
-    report(run_bench(cfg, [s for s in settings.split(",") if s], steps=steps), rundir)
+    _relaunch_on_ranks(nproc)
+    ranks = ranks_from_env()
+    result = run_bench(cfg, [s for s in settings.split(",") if s], steps=steps, ranks=ranks)
+    if ranks.main:
+        report(result, rundir)
 
 
 @app.command()

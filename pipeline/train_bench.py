@@ -1,7 +1,11 @@
 """`gpt2-deploy train-bench`: training-step throughput, peak memory and MFU of the training
-settings side by side, in one process on one GPU (synthetic tokens: speed does not depend on them).
+settings side by side (synthetic tokens: speed does not depend on them), on one device, or on
+several ranks under torchrun (`--nproc N`, DistributedDataParallel or FSDP2 as finetune runs them)
+with the scaling efficiency: the ranks' tokens/s over N times rank 0's alone, measured first in the
+same launch.
 
-Each setting gets a fresh model; compile and warm-up steps are timed apart from the measured steps."""
+Each setting gets a fresh model; compile and warm-up steps are timed apart from the measured steps.
+On a CPU there is no data-sheet peak, so no MFU."""
 
 from __future__ import annotations
 
@@ -15,10 +19,11 @@ from rich.table import Table
 
 from pipeline.artifacts import atomic_write_json
 from pipeline.config import Config
+from pipeline.distributed import Ranks, barrier, process_group, rank_device
 from pipeline.errors import UserError
 from pipeline.model import new_model, resolve_device
 from pipeline.progress import console
-from pipeline.training import Stepper, flops_per_token, peak_flops
+from pipeline.training import Stepper, flops_per_token, peak_flops, peak_memory_bytes
 
 # name -> (precision, activation checkpointing, torch.compile)
 SETTINGS = {
@@ -50,20 +55,29 @@ def _synthetic_batches(batch: int, seq: int, vocab: int, device: torch.device):
         yield x[:, :-1], x[:, 1:]
 
 
-def bench_setting(cfg: Config, name: str, device: torch.device, warmup: int, steps: int) -> dict:
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_setting(cfg: Config, name: str, device: torch.device, warmup: int, steps: int,
+                  ranks: Ranks = Ranks()) -> dict:
+    """One setting on these ranks: tokens/s over all of them (each steps its own micro-batch)."""
     precision, ckpt, compiled = SETTINGS[name]
     t = dataclasses.replace(cfg.train, precision=precision, checkpointing=ckpt, compile=compiled, grad_accum=1)
     torch._dynamo.reset()
     gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     model = new_model(cfg.model, t.seed).to(device)
-    stepper = Stepper(model, t, device)
+    n_params = sum(p.numel() for p in model.parameters())
+    stepper = Stepper(model, t, device, ranks)
     batches = _synthetic_batches(t.batch_size, cfg.data.block_size, cfg.model.vocab_size, device)
     start = time.perf_counter()
     for _ in range(warmup):
         stepper.step(batches)
-    torch.cuda.synchronize(device)
+    _synchronize(device)
     warmup_s = time.perf_counter() - start
     times = []
     for _ in range(steps):
@@ -71,51 +85,72 @@ def bench_setting(cfg: Config, name: str, device: torch.device, warmup: int, ste
         stepper.step(batches)  # .item() inside synchronises
         times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
-    tokens_per_s = t.batch_size * cfg.data.block_size / step_s
-    n_params = sum(p.numel() for p in model.parameters())
+    tokens_per_s = ranks.world * t.batch_size * cfg.data.block_size / step_s
     flops = tokens_per_s * flops_per_token(cfg.model, n_params, cfg.data.block_size)
-    result = {"setting": name, "step_ms": step_s * 1e3, "tokens_per_s": tokens_per_s, "achieved_tflops": flops / 1e12,
-              "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30, "warmup_s": warmup_s}
+    result = {"setting": name, "world": ranks.world, "step_ms": step_s * 1e3, "tokens_per_s": tokens_per_s,
+              "achieved_tflops": flops / 1e12, "peak_memory_gib": peak_memory_bytes(device) / 2**30, "warmup_s": warmup_s}
     del model, stepper
     return result
 
 
-def train_bench(cfg: Config, settings: list[str], warmup: int = 3, steps: int = 10) -> dict:
-    device = resolve_device(cfg.train.device)
-    if device.type != "cuda":
-        raise UserError("train-bench measures GPU training throughput; no CUDA device is visible (see `gpt2-deploy doctor`)")
+def _bench_on_ranks(cfg: Config, name: str, device: torch.device, warmup: int, steps: int, ranks: Ranks) -> dict:
+    """Rank 0 alone first (the others wait), then every rank together: the scaling efficiency."""
+    single = bench_setting(cfg, name, device, warmup, steps) if ranks.main else None
+    barrier(ranks)
+    row = bench_setting(cfg, name, device, warmup, steps, ranks)
+    if single is not None:
+        row["single_tokens_per_s"] = single["tokens_per_s"]
+        row["scaling_efficiency"] = row["tokens_per_s"] / (ranks.world * single["tokens_per_s"])
+    return row
+
+
+def train_bench(cfg: Config, settings: list[str], warmup: int = 3, steps: int = 10, ranks: Ranks = Ranks()) -> dict:
+    """The report (rank 0's; other ranks get theirs without the single-rank figures)."""
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown:
         raise UserError(f"--settings {','.join(unknown)}: unknown; choose from {', '.join(SETTINGS)}")
-    peak, gpu = peak_flops(device)
-    measured = measured_matmul_peak(device)
+    device = rank_device(resolve_device(cfg.train.device), ranks)
+    peak, hardware = peak_flops(device)
+    measured = measured_matmul_peak(device) if device.type == "cuda" else None
     rows = []
-    for name in settings:
-        console.print(f"train-bench: {name} ...")
-        try:
-            row = bench_setting(cfg, name, device, warmup, steps)
-        except UserError as e:  # out of memory in one setting should not lose the others
-            row = {"setting": name, "error": str(e)}
-        if "error" not in row:
-            row["mfu_datasheet"] = row["achieved_tflops"] * 1e12 / peak if peak else None
-            row["mfu_measured_matmul"] = row["achieved_tflops"] * 1e12 / measured
-        rows.append(row)
-    return {"gpu": gpu, "torch": torch.__version__, "batch_size": cfg.train.batch_size, "block_size": cfg.data.block_size,
-            "datasheet_bf16_tflops": peak / 1e12 if peak else None, "measured_bf16_matmul_tflops": measured / 1e12,
+    with process_group(ranks, device):
+        for name in settings:
+            if ranks.main:
+                console.print(f"train-bench: {name} on {ranks.world} rank{'s' if ranks.world > 1 else ''} ...")
+            try:
+                row = (_bench_on_ranks(cfg, name, device, warmup, steps, ranks) if ranks.world > 1
+                       else bench_setting(cfg, name, device, warmup, steps))
+            except UserError as e:  # out of memory in one setting should not lose the others
+                row = {"setting": name, "error": str(e)}
+            if "error" not in row:
+                per_device = row["achieved_tflops"] * 1e12 / ranks.world
+                row["mfu_datasheet"] = per_device / peak if peak else None
+                row["mfu_measured_matmul"] = per_device / measured if measured else None
+            rows.append(row)
+    return {"gpu": hardware, "torch": torch.__version__, "world": ranks.world, "batch_size_per_rank": cfg.train.batch_size,
+            "block_size": cfg.data.block_size, "datasheet_bf16_tflops": peak / 1e12 if peak else None,
+            "measured_bf16_matmul_tflops": measured / 1e12 if measured else None,
             "warmup_steps": warmup, "timed_steps": steps, "rows": rows}
 
 
 def report(result: dict, run) -> None:
     """train_bench.json into the run's reports, and the table on the console."""
     atomic_write_json(run.reports / "train_bench.json", result)
-    table = Table(title=f"training step, {result['gpu']}, batch {result['batch_size']} x {result['block_size']} tokens")
-    for col in ("setting", "tokens/s", "step ms", "peak GiB", "MFU (datasheet)", "MFU (measured matmul)", "warm-up s"):
+    world = result["world"]
+    table = Table(title=f"training step, {result['gpu']} x {world}, batch {result['batch_size_per_rank']} x "
+                        f"{result['block_size']} tokens per rank")
+    columns = ["setting", "tokens/s", "step ms", "peak GiB", "MFU (datasheet)", "MFU (measured matmul)", "warm-up s"]
+    if world > 1:
+        columns[2:2] = ["rank 0 alone", "scaling"]
+    for col in columns:
         table.add_column(col, justify="left" if col == "setting" else "right")
     pct = lambda v: f"{100 * v:.1f}%" if v is not None else "n/a"  # noqa: E731
     for r in result["rows"]:
         if "error" in r:
-            table.add_row(r["setting"], r["error"], *[""] * 5)
+            table.add_row(r["setting"], r["error"], *[""] * (len(columns) - 2))
             continue
-        table.add_row(r["setting"], f"{r['tokens_per_s']:,.0f}", f"{r['step_ms']:.1f}", f"{r['peak_memory_gib']:.2f}",
-                      pct(r["mfu_datasheet"]), pct(r["mfu_measured_matmul"]), f"{r['warmup_s']:.1f}")
+        scaling = [f"{r['single_tokens_per_s']:,.0f}", pct(r["scaling_efficiency"])] if world > 1 else []
+        table.add_row(r["setting"], f"{r['tokens_per_s']:,.0f}", *scaling, f"{r['step_ms']:.1f}",
+                      f"{r['peak_memory_gib']:.2f}", pct(r["mfu_datasheet"]), pct(r["mfu_measured_matmul"]),
+                      f"{r['warmup_s']:.1f}")
     console.print(table)
