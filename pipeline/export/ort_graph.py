@@ -8,9 +8,9 @@ operators (com.microsoft):
   cache's full length, takes each row's length from the attention mask (ReduceSum - 1), so rows
   fill their cache from slot 0 (right padding, as onnxruntime-genai feeds it);
 - FastGelu with its bias: GPT-2's tanh GELU;
-- MatMul for the projections and the LM head (a transposed copy of the tied embedding, the layout
-  the matmul kernels read fastest); the int8 precisions make them MatMulNBits (int8 weights in
-  blocks of 32 with a scale each).
+- MatMul for the projections and the LM head (a transposed copy of the tied embedding, so the head
+  is a plain MatMul over a constant, which the int8 pass quantises too); the int8 precisions make
+  them MatMulNBits (int8 weights in blocks of 32 with a scale each).
 
 The inputs and outputs are the contract's (target "ort"), so the ORT backend and onnxruntime-genai
 bind them by name. What each precision is, and why: ORT_GRAPHS."""
@@ -28,9 +28,9 @@ from onnx import TensorProto, helper, numpy_helper
 from pipeline.contract import LOGITS, LOGITS_TO_KEEP, ORT, Contract
 
 MS = "com.microsoft"
-IR_VERSION = 10  # what ONNX Runtime 1.17 and later read; onnx's newest IR is refused by older runtimes
+IR_VERSION = 10  # ONNX Runtime 1.31 refused the graph at the onnx package's default (newest) IR version
 GRAPH_VERSION = 1  # part of export's fingerprint: bump it when what build_ort_graph writes changes
-NBITS_BLOCK = 32  # weights per int8 scale: per-channel scales lost more accuracy on the 124M shape
+NBITS_BLOCK = 32  # weights per int8 scale, along each output's input dimension
 
 
 @dataclass(frozen=True)

@@ -124,8 +124,9 @@ def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force:
         files = sorted(p for p in folder.iterdir())
         key = precision if target == PORTABLE else f"{target}/{precision}"
         report[key] = {"target": target, "export_seconds": round(seconds, 2), "bytes": sum(f.stat().st_size for f in files),
-                       "files": [f.name for f in files], "opset": e.opset,
-                       "ir_version": graph.ir_version, "parity_ort_cpu": parity}
+                       "files": [f.name for f in files], "opset": e.opset, "ir_version": graph.ir_version,
+                       "graph": PRECISIONS[precision].exporter if target == PORTABLE else ORT_GRAPHS[precision].summary,
+                       "parity_ort_cpu": parity}
         run.record(stage, [folder], stage_fp, {"export": cfg.section("export"), "data": cfg.section("data")},
                    {"checkpoint": ckpt_hashes})
         console.print(f"export: {where} {report[key]['bytes'] / 1e6:.1f} MB in {seconds:.1f}s; "

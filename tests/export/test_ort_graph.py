@@ -44,6 +44,7 @@ def test_every_precision_is_a_fused_graph_in_a_genai_folder(exported_run):
         # qkv, attention out, MLP up and down per block, and the LM head
         assert found.get("MatMulNBits", 0) == (4 * config.n_layer + 1 if spec.int8_weights else 0), precision
         assert f"onnx-ort/{precision}/model.onnx" in manifest["artifacts"]
+        assert report[f"ort/{precision}"]["graph"] == spec.summary
         parity = report[f"ort/{precision}"]["parity_ort_cpu"]
         assert parity["rel_error"] <= cfg.validate.budgets[precision].max_rel_error, precision
     assert report["ort/fp32"]["parity_ort_cpu"]["rel_error"] < 1e-5
