@@ -39,7 +39,7 @@ class SharedCache:
                  logits_dtype: torch.dtype, device: torch.device, graph_id: int):
         c = contract
         self.batch, self.max_len, self.graph_id = batch, max_len, str(graph_id)
-        # zeros: attention kernels read whole tiles past a row's length, and 0 x NaN garbage is NaN
+        # zeros: from torch.empty the H200 gave NaN logits (its kernels read past a row's length, it seems)
         self.kv = torch.zeros(2 * c.n_layer, batch, c.n_head, max_len, c.head_dim, dtype=kv_dtype, device=device)
         self.mask = torch.zeros(batch, max_len, dtype=torch.int64, device=device)
         self.tokens = torch.zeros(batch, 1, dtype=torch.int64, device=device)
