@@ -28,6 +28,7 @@ from pipeline.artifacts import RunDir, package_versions
 from pipeline.bench_report import write_reports
 from pipeline.config import Config
 from pipeline.data import heldout_blocks, prepare_data
+from pipeline.model import synchronize
 from pipeline.progress import progress
 from pipeline.runtime.backend import Backend, BackendUnavailable
 from pipeline.runtime.batch import Prompts
@@ -72,11 +73,6 @@ class Row:
     warmup_s: float | None = None  # first generation at this batch: compilation, CUDA-graph capture, autotuning
     baseline: str = ""
     speedup_vs_eager: float | None = None
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def device_memory_mib(device: torch.device) -> float:

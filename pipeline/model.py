@@ -25,6 +25,12 @@ def resolve_device(spec: str, option: str = "train.device") -> torch.device:
     return device
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU): before and after a timed region."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def hf_config(m: ModelConfig) -> GPT2Config:
     return GPT2Config(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, n_positions=m.n_positions,
                       vocab_size=m.vocab_size, resid_pdrop=m.dropout, embd_pdrop=m.dropout, attn_pdrop=m.dropout,

@@ -21,7 +21,7 @@ from pipeline.artifacts import atomic_write_json
 from pipeline.config import Config
 from pipeline.distributed import Ranks, barrier, process_group, rank_device
 from pipeline.errors import UserError
-from pipeline.model import new_model, resolve_device
+from pipeline.model import new_model, resolve_device, synchronize
 from pipeline.progress import console
 from pipeline.training import Stepper, flops_per_token, peak_flops, peak_memory_bytes
 
@@ -55,11 +55,6 @@ def _synthetic_batches(batch: int, seq: int, vocab: int, device: torch.device):
         yield x[:, :-1], x[:, 1:]
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def bench_setting(cfg: Config, name: str, device: torch.device, warmup: int, steps: int,
                   ranks: Ranks = Ranks()) -> dict:
     """One setting on these ranks: tokens/s over all of them (each steps its own micro-batch)."""
@@ -77,7 +72,7 @@ def bench_setting(cfg: Config, name: str, device: torch.device, warmup: int, ste
     start = time.perf_counter()
     for _ in range(warmup):
         stepper.step(batches)
-    _synchronize(device)
+    synchronize(device)
     warmup_s = time.perf_counter() - start
     times = []
     for _ in range(steps):

@@ -20,7 +20,7 @@ import torch
 
 from pipeline.contract import LOGITS, LOGITS_TO_KEEP, ORT, TOKEN_INPUTS, Contract
 from pipeline.runtime.backend import Backend, BackendUnavailable
-from pipeline.runtime.batch import Batch
+from pipeline.runtime.batch import Batch, unpadded_mask_and_positions
 from pipeline.runtime.portable.ort_backend import (
     bind,
     import_ort,
@@ -124,8 +124,7 @@ class OrtFusedBackend(Backend):
     def _prefill_rows(self, input_ids: torch.Tensor, kv: torch.Tensor, last_only: bool) -> torch.Tensor:
         """Prompts of one length into the cache rows `kv` -> logits [B, S or 1, V] in the graph's dtype."""
         rows, width = input_ids.shape
-        mask = torch.ones(rows, width, dtype=torch.int64, device=self.device)
-        positions = torch.arange(width, device=self.device).expand(rows, width).contiguous()
+        mask, positions = unpadded_mask_and_positions(rows, width, self.device)
         keep = torch.tensor(1 if last_only else 0)  # the LM head over the last position, or all
         logits = torch.empty(rows, 1 if last_only else width, self.vocab_size, dtype=self.logits_dtype, device=self.device)
         self.session.run_with_iobinding(self._binding(input_ids.contiguous(), mask, positions, logits, kv, keep),
