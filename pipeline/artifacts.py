@@ -101,11 +101,16 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    replace_dir(tmp, target)
+
+
+def replace_dir(filled: Path, target: Path) -> None:
+    """Put the folder `filled` where `target` is, by renames: a reader sees the old or the new one."""
     old = None
     if target.exists():
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
         os.replace(target, old)
-    os.replace(tmp, target)
+    os.replace(filled, target)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -36,13 +36,19 @@ def rank_device(device: torch.device, ranks: Ranks) -> torch.device:
 
 
 @contextlib.contextmanager
-def process_group(ranks: Ranks, device: torch.device):
-    if ranks.world == 1:
+def process_group(ranks: Ranks, device: torch.device, sharded: bool = False):
+    """The ranks' process group; with `sharded` (FSDP) a group of one too, since FSDP's mesh and
+    torch.distributed.checkpoint need one even where a single process trains."""
+    if ranks.world == 1 and not sharded:
         yield
         return
+    backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if ranks.world == 1:  # no torchrun: an in-memory store instead of its rendezvous
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group(backend)
     try:
         yield
     finally:

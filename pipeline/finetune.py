@@ -3,6 +3,8 @@
 Resumable: the training state (weights, optimizer, scheduler, scaler, RNG, step and data position)
 is saved every `train.save_interval` steps and when SIGINT/SIGTERM arrives; `--resume` continues
 exactly where it stopped, so a resumed run ends with the same weights as an uninterrupted one.
+Under FSDP the weights and optimizer state are torch.distributed.checkpoint shards, one set per
+rank, which a run at another rank count reads back resharded.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline.artifacts import RunDir, atomic_dir, atomic_write_json, fingerprint
+from pipeline.artifacts import (
+    RunDir,
+    atomic_dir,
+    atomic_write_json,
+    fingerprint,
+    replace_dir,
+)
 from pipeline.config import Config
 from pipeline.data import PackedBlocks, ResumableSampler, prepare_data
 from pipeline.distributed import (
@@ -38,6 +46,7 @@ from pipeline.tokenizer import embedded_gpt2_tokenizer
 from pipeline.training import Stepper, flops_per_token, peak_flops, peak_memory_bytes
 
 STATE_FILE = "state.pt"
+SHARDS = "shards"  # FSDP: torch.distributed.checkpoint's folder beside the state file
 FINAL_EVAL_BATCHES = 200
 
 
@@ -105,7 +114,7 @@ def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False
     Under torchrun every rank runs this (pipeline.distributed); rank 0 writes what lands."""
     ranks = ranks_from_env()
     device = rank_device(resolve_device(cfg.train.device), ranks)
-    with process_group(ranks, device):
+    with process_group(ranks, device, sharded=cfg.train.parallel == "fsdp"):
         return _finetune(cfg, run, resume, force, on_step, ranks, device)
 
 
@@ -138,13 +147,8 @@ def _finetune(cfg: Config, run: RunDir, resume: bool, force: bool, on_step: Call
     stepper = Stepper(model, t, device, ranks)
     step, samples, history, evals = 0, 0, [], []
     torch.manual_seed(t.seed)
-    if state is not None:
-        if state.get("sharded", False) != stepper.sharded:  # the optimizer state's layout differs
-            raise UserError(f"{state_path}: saved with train.parallel={t.parallel} at {state['world']} ranks; resume it "
-                            "with train.parallel=fsdp on 2 or more ranks (--nproc), or --force to start over"
-                            if state.get("sharded") else
-                            f"{state_path}: saved without FSDP; resume it with train.parallel=ddp, or --force to start over")
-        stepper.load_state(state["model"], state["stepper"])
+    if state is not None:  # the fingerprint holds train.parallel: the state's layout is this stepper's
+        stepper.load_state(state["stepper"], run.train_state / SHARDS)
         step, samples, history, evals = state["step"], state["samples"], state["history"], state["evals"]
         _set_rng_state(state["rng"])
         if ranks.main:
@@ -161,17 +165,24 @@ def _finetune(cfg: Config, run: RunDir, resume: bool, force: bool, on_step: Call
         evals.append({"step": 0, "heldout_loss": stepper.evaluate(_eval_batches(heldout_set, t.batch_size, t.eval_batches))})
 
     def save_state() -> None:
-        """The whole state (gathered where sharded), written by rank 0; the others wait."""
+        """The state file, written by rank 0 (with the whole weights, or beside every rank's shards),
+        into a folder that replaces the last saved state only once all of it is written."""
         # never overwrite a good state with a diverged one; every rank looks at its own shard
         if any_rank(not all(bool(p.isfinite().all()) for p in model.parameters()), ranks, device):
             raise UserError(f"finetune: the weights are no longer finite at step {step} (the run diverged; lower "
                             f"train.lr); {_kept(run)}")
-        weights, stepper_state = stepper.state()
+        saving = _saving_folder(run)
         if ranks.main:
-            with atomic_dir(run.train_state) as tmp:
-                torch.save({"fingerprint": stage_fp, "model": weights, "stepper": stepper_state,
-                            "step": step, "samples": samples, "history": history, "evals": evals,
-                            "rng": _rng_state(), "world": ranks.world, "sharded": stepper.sharded}, tmp / STATE_FILE)
+            shutil.rmtree(saving, ignore_errors=True)  # what a killed save left
+            saving.mkdir(parents=True)
+        barrier(ranks)
+        if stepper.sharded:
+            stepper.save_shards(saving / SHARDS)
+        if ranks.main:
+            torch.save({"fingerprint": stage_fp, "stepper": stepper.state(), "step": step, "samples": samples,
+                        "history": history, "evals": evals, "rng": _rng_state(), "world": ranks.world,
+                        "sharded": stepper.sharded}, saving / STATE_FILE)
+            replace_dir(saving, run.train_state)
         barrier(ranks)
 
     timed_tokens, timed_seconds = 0, 0.0
@@ -233,8 +244,8 @@ def _finetune(cfg: Config, run: RunDir, resume: bool, force: bool, on_step: Call
     _write_checkpoint(model, tokenizer, run.checkpoint)
     atomic_write_json(run.reports / "finetune.json", report)
     run.record("finetune", [run.checkpoint, run.reports / "finetune.json"], stage_fp, cfg.to_dict())
-    if run.train_state.exists():
-        shutil.rmtree(run.train_state)
+    for folder in (run.train_state, _saving_folder(run)):
+        shutil.rmtree(folder, ignore_errors=True)
     console.print(f"finetune: held-out loss {report['heldout_loss_start']:.3f} -> {final_loss:.3f} "
                   f"(perplexity {report['heldout_perplexity_final']:.1f} on the held-out {cfg.data.block_size}-token "
                   f"blocks); checkpoint in {run.checkpoint}")
@@ -245,6 +256,11 @@ def _write_checkpoint(model, tokenizer, folder: Path) -> None:
     with atomic_dir(folder) as tmp:
         model.save_pretrained(tmp)  # safetensors; the tied embedding / LM head is stored once
         tokenizer.save_pretrained(tmp)
+
+
+def _saving_folder(run: RunDir) -> Path:
+    """Where every rank writes the next state; one fixed name, since all ranks must find it."""
+    return run.train_state.with_name(f".{run.train_state.name}.saving")
 
 
 def _kept(run: RunDir) -> str:
@@ -265,6 +281,8 @@ def _load_state(path: Path, stage_fp: str) -> dict:
         raise UserError(f"{path}: unreadable training state ({type(e).__name__}); rerun with --force") from None
     if state.get("fingerprint") != stage_fp:
         raise UserError(f"{path}: saved with another config or corpus; rerun with the same settings, or --force to start over")
+    if state.get("sharded") and not (path.parent / SHARDS / ".metadata").is_file():
+        raise UserError(f"{path.parent / SHARDS}: the sharded weights of this state are missing; rerun with --force")
     return state
 
 

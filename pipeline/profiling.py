@@ -26,7 +26,7 @@ def profile_training(cfg: Config, run: RunDir, steps: int = 3, rows: int = 15) -
     splits = prepare_data(cfg, run, embedded_gpt2_tokenizer())
     device = resolve_device(cfg.train.device)
     model = new_model(cfg.model, cfg.train.seed).to(device)
-    t = dataclasses.replace(cfg.train, grad_accum=1)
+    t = dataclasses.replace(cfg.train, grad_accum=1, parallel="ddp")  # one process, one whole copy
     stepper = Stepper(model, t, device)
     dataset = PackedBlocks(splits.train, cfg.data.block_size)
     batches = iter(DataLoader(dataset, batch_size=t.batch_size, sampler=ResumableSampler(len(dataset), t.seed)))

@@ -90,7 +90,9 @@ def bench_setting(cfg: Config, name: str, device: torch.device, warmup: int, ste
 
 def _bench_on_ranks(cfg: Config, name: str, device: torch.device, warmup: int, steps: int, ranks: Ranks) -> dict:
     """Rank 0 alone first (the others wait), then every rank together: the scaling efficiency."""
-    single = bench_setting(cfg, name, device, warmup, steps) if ranks.main else None
+    # rank 0 alone trains a whole copy: an FSDP mesh would span every rank of the group
+    alone = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, parallel="ddp"))
+    single = bench_setting(alone, name, device, warmup, steps) if ranks.main else None
     barrier(ranks)
     row = bench_setting(cfg, name, device, warmup, steps, ranks)
     if single is not None:
@@ -108,7 +110,7 @@ def train_bench(cfg: Config, settings: list[str], warmup: int = 3, steps: int = 
     peak, hardware = peak_flops(device)
     measured = measured_matmul_peak(device) if device.type == "cuda" else None
     rows = []
-    with process_group(ranks, device):
+    with process_group(ranks, device, sharded=cfg.train.parallel == "fsdp"):
         for name in settings:
             if ranks.main:
                 console.print(f"train-bench: {name} on {ranks.world} rank{'s' if ranks.world > 1 else ''} ...")

@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -92,9 +94,10 @@ class Stepper:
         self.dtype = amp_dtype(t.precision, device)
         if t.checkpointing:
             _enable_activation_checkpointing(model)
-        # several ranks: FSDP2 shards each block's weights, gradients and optimizer state over them;
+        # FSDP2 shards each block's weights, gradients and optimizer state over the ranks (a world of
+        # one included: the process group is then pipeline.distributed's group of one);
         # DistributedDataParallel keeps a whole copy per rank; both average the gradients in backward
-        self.sharded = ranks.world > 1 and t.parallel == "fsdp"
+        self.sharded = t.parallel == "fsdp"
         if self.sharded:
             if self.dtype == torch.float16:
                 raise UserError("train.parallel=fsdp trains in bf16 or fp32 (fp16's GradScaler is not sharded): "
@@ -157,23 +160,31 @@ class Stepper:
             return get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return self.module.state_dict()
 
-    def state(self) -> tuple[dict, dict]:
-        """(the model's weights, the optimizer's, scheduler's and scaler's state), whole; as weights()."""
-        if self.sharded:
-            weights, optimizer = get_state_dict(self.module, self.optimizer,
-                                                options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        else:
-            weights, optimizer = self.module.state_dict(), self.optimizer.state_dict()
-        return weights, {"optimizer": optimizer, "scheduler": self.scheduler.state_dict(),
-                         "scaler": self.scaler.state_dict()}
+    def state(self) -> dict:
+        """The scheduler's and scaler's state and, unsharded, the model's and optimizer's whole
+        (sharded, those are save_shards()'s)."""
+        state = {"scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict()}
+        if not self.sharded:
+            state |= {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return state
 
-    def load_state(self, weights: dict, state: dict) -> None:
-        """What `state` gave, back into the model and optimizer (sharded: cut into this rank's shards)."""
+    def save_shards(self, folder: Path) -> None:
+        """Sharded: every rank writes its own shards of the weights and optimizer state into `folder`
+        (torch.distributed.checkpoint), which a run at any rank count reads back."""
+        model, optimizer = get_state_dict(self.module, self.optimizer)
+        dcp.save({"model": model, "optimizer": optimizer}, checkpoint_id=folder)
+
+    def load_state(self, state: dict, shards: Path) -> None:
+        """What state() (and, sharded, save_shards() into `shards`) saved, back into the model and
+        optimizer; sharded, each rank reads the pieces of its own shards, whatever the saving ranks."""
         if self.sharded:
-            set_state_dict(self.module, self.optimizer, model_state_dict=weights, optim_state_dict=state["optimizer"],
-                           options=StateDictOptions(full_state_dict=True))
+            model, optimizer = get_state_dict(self.module, self.optimizer)
+            saved = {"model": model, "optimizer": optimizer}
+            dcp.load(saved, checkpoint_id=shards)
+            set_state_dict(self.module, self.optimizer, model_state_dict=saved["model"],
+                           optim_state_dict=saved["optimizer"])
         else:
-            self.module.load_state_dict(weights)
+            self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
