@@ -43,7 +43,7 @@ def process_group(ranks: Ranks, device: torch.device, sharded: bool = False):
         yield
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:  # a world of one may name no index
         torch.cuda.set_device(device)
     if ranks.world == 1:  # no torchrun: an in-memory store instead of its rendezvous
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
