@@ -2,9 +2,10 @@
 that wait in a bounded queue.
 
 - ContinuousScheduler (the static-cache backends: torch-compiled, triton): continuous batching. At
-  each step boundary waiting jobs join the running batch (their prefill runs apart, and its
-  keys and values are copied into free rows), one decode step advances every running row, and a
-  finished or cancelled row leaves at once, its row reused. Each row keeps its own position,
+  a step boundary waiting jobs join the running batch (their prefill runs apart, and its keys and
+  values are copied into free rows; jobs arriving while rows run gather for a few steps, so that
+  one prefill takes several), one decode step advances every running row, and a finished or
+  cancelled row leaves at once, its row reused. Each row keeps its own position,
   sampling, seed, stop tokens and length, so greedy and sampled rows share a batch.
 - SerialScheduler (every other backend): one job at a time through the Generator.
 
@@ -34,6 +35,9 @@ JOIN_ROWS = 16  # prompts one prefill takes; more joining at a step run as sever
 # greedy steps run back to back on the device when nobody waits to join and few rows run: there the
 # host's work per step is most of a step; with many rows a chunk held joining requests back (docs/performance.md)
 GREEDY_CHUNK, CHUNK_ROWS = 8, 8
+# while rows run, jobs that arrive gather for up to this many steps (or until JOIN_ROWS prompts wait) and
+# join in one prefill: under load a prefill at nearly every step took most of the GPU's time (docs/performance.md)
+JOIN_EVERY = 8
 
 
 @dataclass(eq=False)  # identity: a job is found in lists by itself, never by its fields
@@ -168,6 +172,7 @@ class ContinuousScheduler(SchedulerBase):
         self.running: dict[Job, Running] = {}
         self.column = 0  # the slot every row writes next
         self.deferred: list[Job] = []  # taken from the queue, waiting for rows or room
+        self.held = 0  # steps the deferred jobs have waited to gather
 
     def running_jobs(self) -> int:
         return len(self.running)
@@ -216,7 +221,9 @@ class ContinuousScheduler(SchedulerBase):
 
     # joining ----------------------------------------------------------------------------------
     def admit(self, wait: bool) -> None:
-        """Waiting jobs into free rows, as many as fit; waits for one when nothing runs."""
+        """Waiting jobs into free rows, as many as fit; waits for one when nothing runs. While rows
+        run, jobs gather first: they join once JOIN_ROWS prompts wait or the first has waited
+        JOIN_EVERY steps."""
         if wait and not self.deferred:
             self.deferred.append(self.waiting.get())
         while True:
@@ -224,16 +231,22 @@ class ContinuousScheduler(SchedulerBase):
                 self.deferred.append(self.waiting.get_nowait())
             except queue.Empty:
                 break
+        for job in [j for j in self.deferred if j.cancelled.is_set()]:
+            self.deferred.remove(job)
+            self.started(job)
+        waiting = sum(len(job.prompts) for job in self.deferred)
+        if not waiting or (self.rows and waiting < JOIN_ROWS and self.held < JOIN_EVERY):
+            self.held = self.held + 1 if waiting else 0
+            return
         joining, free, width = [], self.max_rows - len(self.rows), 0
         for job in list(self.deferred):
-            if job.cancelled.is_set():
-                self.deferred.remove(job)
-                self.started(job)
-            elif len(job.prompts) <= free and self.fits(job, max(width, self.width_of(job.prompts)), joining):
+            if len(job.prompts) <= free and self.fits(job, max(width, self.width_of(job.prompts)), joining):
                 joining.append(job)
                 self.deferred.remove(job)
                 self.started(job)
                 free, width = free - len(job.prompts), max(width, self.width_of(job.prompts))
+        if not self.deferred:  # those still here wait for rows: they join as soon as rows free
+            self.held = 0
         if joining:
             try:
                 self.join(joining)

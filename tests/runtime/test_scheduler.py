@@ -160,6 +160,29 @@ def test_jobs_taken_from_the_queue_to_wait_for_rows_still_count_against_its_cap(
     assert scheduler.load == (0, 1)
 
 
+def test_jobs_arriving_while_rows_run_gather_and_join_in_one_prefill(model, monkeypatch):
+    """Driven step by step (no thread): with a row running, two jobs wait JOIN_EVERY steps and then
+    join in one prefill; JOIN_ROWS waiting prompts join at once; with nothing running a job joins
+    at once."""
+    scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=32)
+    prefills, run_prefill = [], scheduler.prefill
+    monkeypatch.setattr(scheduler, "prefill", lambda prompts, width: prefills.append(len(prompts)) or run_prefill(prompts, width))
+    scheduler.submit(Job([[464]], Sampling(max_new_tokens=100), Collected()))
+    scheduler.admit(wait=False)
+    assert len(scheduler.rows) == 1 and prefills == [1]
+    for _ in range(2):
+        scheduler.submit(Job([[818, 262]], Sampling(max_new_tokens=5), Collected()))
+    for _ in range(scheduling.JOIN_EVERY):
+        scheduler.admit(wait=False)
+        assert len(scheduler.rows) == 1 and len(scheduler.deferred) == 2
+        scheduler.step()
+    scheduler.admit(wait=False)
+    assert len(scheduler.rows) == 3 and prefills == [1, 2] and not scheduler.deferred
+    scheduler.submit(Job([[818]] * scheduling.JOIN_ROWS, Sampling(max_new_tokens=5), Collected()))
+    scheduler.admit(wait=False)
+    assert len(scheduler.rows) == 3 + scheduling.JOIN_ROWS and prefills == [1, 2, scheduling.JOIN_ROWS]
+
+
 @pytest.mark.parametrize("make", [
     lambda m: ContinuousScheduler(TorchCompiledBackend(m, "fp32", "cpu", compile=False), pad_id=0, queue_cap=2),
     lambda m: SerialScheduler(Generator(TorchCompiledBackend(m, "fp32", "cpu", compile=False)), queue_cap=2),

@@ -224,8 +224,8 @@ def _cache_block(k_cache_ptr, v_cache_ptr, slot_mask_ptr, cache, row, t, wanted,
 def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slot_ptr, out_ptr,
                              partial_ptr, arrivals_ptr, cache_row_stride, cache_head_stride, scale,
                              T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
-                             SHARE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
-                             EARLY: tl.constexpr):
+                             SHARE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, FILLED: tl.constexpr,
+                             PDL: tl.constexpr, EARLY: tl.constexpr):
     """out[row, head] = softmax(q . k[t] * scale over live slots t) . v, for t <= slot whose
     slot_mask is set (the query's own slot always counts): only the filled part of the cache is read.
 
@@ -234,42 +234,50 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
     and each block's successor while it computes on the block: the cache streams in rather than
     arriving one dependent block at a time. The own slot starts the online softmax.
 
-    SPLITS > 1 (flash-decoding): program_id(2) takes the slots [SHARE * i, SHARE * (i + 1)) and
+    SPLITS > 1 (flash-decoding): program_id(2) takes the slots [share * i, share * (i + 1)) and
     leaves its running max, sum and weighted values in partial [B, H, SPLITS, D + 2]; the last of a
     (row, head)'s programs to finish, counted in arrivals [B, H] (left zeroed), merges them, so the
-    merge costs no launch. Shares are fixed slices of the cache rather than equal parts of the
-    filled slots: a program past the step's slot has nothing to do, but every load's alignment is
-    known at compile time (equal parts of the filled slots measured 3-4% slower per step)."""
+    merge costs no launch. Shares are fixed slices of the cache (SHARE): a program past the step's
+    slot has nothing to do, but every load's alignment and the walk's length are known at compile
+    time (equal parts of the filled slots measured 3-10% slower per step where the cache is mostly
+    filled). FILLED: shares of the filled slots (up to the step's, whole blocks), for a cache much
+    wider than its filled part (the serving scheduler's), where fixed slices left one program a
+    (row, head) to walk every filled slot (docs/performance.md)."""
     if PDL and EARLY:
         gdc_launch_dependents()
     row = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, D)
     slot = tl.load(slot_ptr)
-    lo = tl.program_id(2) * SHARE
+    if FILLED:  # whole blocks, so every share starts block-aligned
+        share = tl.cdiv(slot + 1, SPLITS * BLOCK_T) * BLOCK_T
+        lo = tl.multiple_of(tl.program_id(2) * share, BLOCK_T)
+    else:
+        share = SHARE
+        lo = tl.program_id(2) * SHARE
     cache = row * cache_row_stride + head * cache_head_stride
     t = lo + tl.arange(0, BLOCK_T)
-    earlier = (t < slot) & (t < lo + SHARE)
+    earlier = (t < slot) & (t < lo + share)
     k_next, v_next, real_next = _cache_block(k_cache_ptr, v_cache_ptr, slot_mask_ptr, cache, row, t, earlier, T, D)
     if PDL:
         gdc_wait()
     q = tl.load(q_ptr + row * H * D + head * D + d).to(tl.float32) * scale
-    has_own = (slot >= lo) & (slot < lo + SHARE)  # this program's share holds the step's own slot
+    has_own = (slot >= lo) & (slot < lo + share)  # this program's share holds the step's own slot
     own = cache + slot * D + d
     # has_own as a vector: Triton's interpreter refuses a scalar mask
-    has_own_d = (tl.zeros_like(d) + slot >= lo) & (tl.zeros_like(d) + slot < lo + SHARE)
+    has_own_d = (tl.zeros_like(d) + slot >= lo) & (tl.zeros_like(d) + slot < lo + share)
     k_own = tl.load(k_cache_ptr + own, mask=has_own_d, other=0.0).to(tl.float32)
     acc = tl.load(v_cache_ptr + own, mask=has_own_d, other=0.0).to(tl.float32)
     # -1e30 rather than -inf where the own slot is not here: a block with no live slot then adds
     # exp(-inf) = 0, never inf - inf
     m_i = tl.where(has_own, tl.sum(k_own * q, 0), -1e30) + tl.zeros((1,), tl.float32)
     l_i = tl.where(has_own, 1.0, 0.0) + tl.zeros((1,), tl.float32)
-    for _ in range(tl.cdiv(SHARE, BLOCK_T)):
+    for _ in range(tl.cdiv(share, BLOCK_T)):
         k = k_next.to(tl.float32)
         v = v_next.to(tl.float32)
         live = earlier & (real_next != 0)
         t += BLOCK_T
-        earlier = (t < slot) & (t < lo + SHARE)
+        earlier = (t < slot) & (t < lo + share)
         k_next, v_next, real_next = _cache_block(k_cache_ptr, v_cache_ptr, slot_mask_ptr, cache, row, t, earlier, T, D)
         s = tl.where(live, tl.sum(k * q[None, :], 1), float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 0))
@@ -471,11 +479,12 @@ def attention_partials(batch: int, heads: int, head_dim: int, config: AttentionC
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mask: torch.Tensor,
                      slot: torch.Tensor, out: torch.Tensor, partial: torch.Tensor, arrivals: torch.Tensor,
-                     config: AttentionConfig | None = None, pdl: bool = False, early: bool = False) -> None:
+                     config: AttentionConfig | None = None, pdl: bool = False, early: bool = False,
+                     filled_shares: bool = False) -> None:
     """q/out [B, H * D]; caches [B, H, T, D] contiguous; slot_mask [B, T]; slot a device scalar;
     partial fp32 of attention_partials(...) and arrivals int32 [B, H] zeros, the split programs'
     meeting place (see _decode_attention_kernel). config overrides the tuned one; pdl and early as
-    fused_linear."""
+    fused_linear; filled_shares splits the filled slots rather than the cache (its FILLED)."""
     batch, heads, length, head_dim = k_cache.shape
     cfg = config or attention_config(batch)
     needed = attention_partials(batch, heads, head_dim, cfg)
@@ -486,7 +495,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q, k_cache, v_cache, slot_mask, slot, out, partial, arrivals, k_cache.stride(0), k_cache.stride(1),
         head_dim ** -0.5, T=length, H=heads, D=head_dim,
         BLOCK_T=min(cfg.block_t, triton.next_power_of_2(share)), SHARE=share, SPLITS=cfg.splits,
-        BLOCK_S=triton.next_power_of_2(cfg.splits), PDL=pdl, EARLY=early, launch_pdl=pdl, num_warps=cfg.warps,
+        BLOCK_S=triton.next_power_of_2(cfg.splits), FILLED=filled_shares and cfg.splits > 1, PDL=pdl, EARLY=early, launch_pdl=pdl, num_warps=cfg.warps,
         **({"maxnreg": cfg.registers} if cfg.registers else {}))
 
 

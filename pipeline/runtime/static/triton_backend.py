@@ -96,8 +96,9 @@ class TritonBackend(StaticCacheBackend):
             # early at every batch: attention requests most of the cache before its wait
             fused_linear(x, net.qkv_w[i], q, net.qkv_b[i], ln=(self.qkv_sums[i], net.eps),
                          qkv=(keys, values, s.start, net.head_dim), pdl=pdl, early=pdl)
+            # a cache wider than the context is the serving scheduler's, mostly empty (docs/performance.md)
             decode_attention(q, keys, values, s.slot_mask, s.start, attention, b["attention_partial"],
-                             b["attention_arrivals"], pdl=pdl, early=early)
+                             b["attention_arrivals"], pdl=pdl, early=early, filled_shares=keys.shape[2] > self.n_positions)
             fused_linear(attention, net.proj_w[i], x, net.proj_b[i], residual=True, pdl=pdl, early=early)
             fused_linear(x, net.fc_w[i], hidden, net.fc_b[i], ln=(self.fc_sums[i], net.eps), gelu=True, pdl=pdl,
                          early=early)

@@ -132,14 +132,16 @@ def test_split_k_needs_a_residual_fp32_output():
         fused_linear(torch.randn(1, 64), torch.randn(16, 64), torch.empty(1, 16), config=LinearConfig(16, 16, 32, 2))
 
 
+@pytest.mark.parametrize("filled", [False, True], ids=["cache-shares", "filled-shares"])
 @pytest.mark.parametrize("splits", [1, 2, 3, 4])
 @pytest.mark.parametrize("block_t", [8, 64])
 @pytest.mark.parametrize("slot", [0, 40, 63])
-def test_attention_over_several_blocks_and_splits(block_t, splits, slot):
+def test_attention_over_several_blocks_and_splits(block_t, splits, slot, filled):
     """The online softmax across blocks (BLOCK_T smaller than a program's share) and the merge of
     the split programs' partials equal one softmax over the live slots; padding slots and slots past
     the step's are left out, the step's own slot counts wherever it falls (first slot, inside a
-    share, last slot), and the arrival counters are left at zero for the next launch."""
+    share, last slot), whether the shares split the cache or its filled slots, and the arrival
+    counters are left at zero for the next launch."""
     from pipeline.runtime.kernels.triton_kernels import (
         AttentionConfig,
         attention_partials,
@@ -153,7 +155,7 @@ def test_attention_over_several_blocks_and_splits(block_t, splits, slot):
     out, arrivals = torch.empty(b, h * d), torch.zeros(b, h, dtype=torch.int32)
     config = AttentionConfig(splits, warps=4, block_t=block_t)
     partial = torch.empty(attention_partials(b, h, d, config))
-    decode_attention(q, k, v, mask, torch.tensor(slot), out, partial, arrivals, config=config)
+    decode_attention(q, k, v, mask, torch.tensor(slot), out, partial, arrivals, config=config, filled_shares=filled)
     own = torch.arange(t) == slot  # counts even where the mask says padding
     live = ((mask & (torch.arange(t) <= slot)) | own)[:, None, None, :]
     expected = torch.nn.functional.scaled_dot_product_attention(q.view(b, h, 1, d), k, v, attn_mask=live)
