@@ -26,6 +26,10 @@ class Backend:
     n_positions: int  # context limit: prompt + generated tokens
     vocab_size: int
     fused_greedy = False  # whether greedy_steps is offered
+    # a runtime with a thread pool of its own on the CPU (ONNX Runtime): the torch ops around its steps
+    # then run on one thread, since torch's OpenMP workers, spinning after each op, took the cores from
+    # it (4x slower ort fp16 decode steps on 2 cores; docs/performance.md, "The CPU bench")
+    owns_cpu_threads = False
 
     def reset(self, batch: int, max_len: int) -> None:
         """Prepare an empty KV cache for `batch` rows of at most `max_len` tokens."""

@@ -3,6 +3,7 @@ has its tokens, as a streaming iterator. Validate, bench and serve all generate 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import torch
@@ -20,6 +21,20 @@ def check_length(prompt_len: int, max_new_tokens: int, limit: int, option: str =
                         f"context of {limit} tokens; shorten the prompt or lower {option}")
 
 
+@contextlib.contextmanager
+def host_threads(backend: Backend):
+    """torch on one thread while a backend that owns the CPU's threads generates (Backend.owns_cpu_threads)."""
+    if not (backend.owns_cpu_threads and backend.device.type == "cpu"):
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class Generator:
     def __init__(self, backend: Backend, pad_id: int = 50256):
         self.backend, self.pad_id = backend, pad_id
@@ -30,6 +45,10 @@ class Generator:
     def stream(self, prompts: Prompts, sampling: Sampling) -> Iterator[torch.Tensor]:
         """Yield the next token of every row, [B], once per step. Rows that have stopped yield pad_id.
         The host waits on the device only where stop tokens require a look at the tokens."""
+        with host_threads(self.backend):
+            yield from self.tokens(prompts, sampling)
+
+    def tokens(self, prompts: Prompts, sampling: Sampling) -> Iterator[torch.Tensor]:
         sampling.check()
         batch = left_pad(prompts, self.pad_id, self.backend.device)
         rows, width = batch.host_ids.shape

@@ -1,6 +1,8 @@
-"""The generator's rules: sampling settings, empty prompts, the context limit, stop tokens."""
+"""The generator's rules: sampling settings, empty prompts, the context limit, stop tokens, and
+torch's threads around a backend with a thread pool of its own."""
 
 import pytest
+import torch
 
 from pipeline.errors import UserError
 from pipeline.runtime.generate import Generator
@@ -36,3 +38,22 @@ def test_stop_tokens_end_rows_and_streaming_yields_each_step(model):
     assert stopped[0] == free[0][:free[0].index(stop) + 1]
     steps = list(gen.stream(PROMPTS, Sampling(max_new_tokens=5)))
     assert len(steps) == 5 and all(s.shape == (3,) for s in steps)
+
+
+def test_torch_takes_one_thread_while_onnx_runtime_generates_on_the_cpu(exported_run):
+    """ONNX Runtime's thread pool has the cores while it generates: the torch ops around its steps run
+    on one thread, and torch's own setting is back afterwards; a torch backend leaves it as it is."""
+    from pipeline.model import load_checkpoint
+    from pipeline.runtime.loader import open_backend
+
+    _, run, _ = exported_run
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = {}
+        for backend in (open_backend(run, "ort", "fp32", torch.device("cpu")), TorchEagerBackend(load_checkpoint(run.checkpoint))):
+            seen[backend.name] = {torch.get_num_threads() for _ in Generator(backend).stream([[464, 2068]], Sampling(max_new_tokens=3))}
+            assert torch.get_num_threads() == 2
+        assert seen == {"ort": {1}, "torch": {2}}
+    finally:
+        torch.set_num_threads(before)

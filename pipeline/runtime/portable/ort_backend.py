@@ -94,6 +94,7 @@ def bind(binding, name: str, tensor: torch.Tensor, output: bool = False) -> None
 
 class OrtBackend(ContractGraphBackend):
     name = "ort"
+    owns_cpu_threads = True
 
     def __init__(self, onnx_path: Path, contract: Contract, precision: str, device: str | torch.device = "cpu",
                  n_positions: int = 1024):

@@ -50,6 +50,7 @@ class SharedCache:
 
 class OrtFusedBackend(Backend):
     name = "ort-fused"
+    owns_cpu_threads = True
     fused_greedy = True
 
     def __init__(self, onnx_path: Path, contract: Contract, precision: str, device: str | torch.device = "cpu",

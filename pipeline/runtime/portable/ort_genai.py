@@ -21,6 +21,7 @@ from pipeline.runtime.batch import Batch
 
 class OrtGenaiBackend(Backend):
     name = "ort-genai"
+    owns_cpu_threads = True
     fused_greedy = True
 
     def __init__(self, folder: Path, precision: str, device: torch.device, n_positions: int, vocab_size: int):
