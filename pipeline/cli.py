@@ -110,6 +110,8 @@ def export(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None
     from pipeline.export.stage import export as run_export
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
+    _known("--precision", precision, PRECISIONS)
+    _known("--target", target, TARGETS)
     if precision or target:
         cfg.export.precisions = precision or cfg.export.precisions
         cfg.export.targets = target or cfg.export.targets
@@ -144,13 +146,18 @@ def _device(spec: str):
     return resolve_device(spec, "--device")
 
 
+def _known(option: str, given: Optional[list[str]], known) -> None:
+    """A UserError naming the flag for a value it does not take."""
+    for name in given or []:
+        if name not in known:
+            raise UserError(f"{option} {name}: unknown; choose from {', '.join(known)}")
+
+
 def _pairs(matrix: list[tuple[str, str]], backend: Optional[list[str]], precision: Optional[list[str]]):
     from pipeline.runtime.loader import BACKENDS
 
-    for option, given, known in (("--backend", backend, BACKENDS), ("--precision", precision, PRECISIONS)):
-        for name in given or []:
-            if name not in known:
-                raise UserError(f"{option} {name}: unknown; choose from {', '.join(known)}")
+    _known("--backend", backend, BACKENDS)
+    _known("--precision", precision, PRECISIONS)
     pairs = [(b, p) for b, p in matrix if (not backend or b in backend) and (not precision or p in precision)]
     if not pairs:
         raise UserError(f"--backend {' '.join(backend or [])} --precision {' '.join(precision or [])}: "

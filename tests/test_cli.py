@@ -21,6 +21,15 @@ def test_bad_override_names_the_key():
     assert result.exit_code == 1 and "train.lr must be positive" in result.output
 
 
+@pytest.mark.parametrize("args, message", [
+    (["export", "--target", "tflite"], "--target tflite: unknown; choose from portable, ort"),
+    (["export", "--precision", "int4"], "--precision int4: unknown; choose from"),
+])
+def test_an_unknown_flag_value_names_the_flag(args, message, tmp_path):
+    result = runner.invoke(app, [*args, "--artifacts", str(tmp_path)])
+    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
+
+
 def test_missing_data_file(tmp_path):
     result = runner.invoke(app, ["finetune", "--data", str(tmp_path / "none.txt"), "--artifacts", str(tmp_path)])
     assert result.exit_code == 1 and "no such file or folder" in result.output

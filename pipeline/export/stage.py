@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -67,9 +69,33 @@ def _weight_only_int8(fp32_path: Path, out: Path, model, calib: np.ndarray, opse
 CONVERTERS = {"fp32": _export_fp32, "fp16": _autocast_fp16, "int8": _quantize_int8, "int8-wo": _weight_only_int8}
 
 
-def _ort_graph(run: RunDir, precision: str, out: Path, model, opset: int) -> None:
-    export_ort_graph(model, precision, out, opset)
-    write_genai_folder(out.parent, model.config, out.name, run.checkpoint)
+@dataclass(frozen=True)
+class Variant:
+    """How export makes one target's precision: what it depends on besides the checkpoint and the
+    opset (its fingerprint), how it writes the graph, and what export.json calls it."""
+    depends_on: tuple
+    write: Callable[[Path], None]
+    key: str
+    graph: str
+
+
+def _portable(run: RunDir, cfg: Config, precision: str, model, calib: np.ndarray) -> Variant:
+    d, fp32 = cfg.data, run.onnx("fp32") / MODEL_FILE
+    fp32_hash = run.artifact_hashes("export-fp32").get(f"onnx/fp32/{MODEL_FILE}") if precision != "fp32" else None
+    calibration = (d.calib_samples, d.calib_block_size, run.artifact_hashes("data")) if PRECISIONS[precision].calibrated else None
+    return Variant((fp32_hash, calibration), lambda out: CONVERTERS[precision](fp32, out, model, calib, cfg.export.opset),
+                   precision, PRECISIONS[precision].exporter)
+
+
+def _ort(run: RunDir, cfg: Config, precision: str, model, calib: np.ndarray) -> Variant:
+    def write(out: Path) -> None:
+        export_ort_graph(model, precision, out, cfg.export.opset)
+        write_genai_folder(out.parent, model.config, out.name, run.checkpoint)
+    return Variant((ORT, GRAPH_VERSION, repr(ORT_GRAPHS[precision])), write, f"{ORT}/{precision}",
+                   ORT_GRAPHS[precision].summary)
+
+
+VARIANTS = {PORTABLE: _portable, ORT: _ort}
 
 
 def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force: bool = False) -> dict:
@@ -95,13 +121,8 @@ def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force:
     for target, precision in progress(jobs, total=len(jobs), description="export"):
         stage, folder = export_stage(precision, target), run.onnx(precision, target)
         where = folder.relative_to(run.root).as_posix()
-        if target == PORTABLE:
-            fp32_hash = run.artifact_hashes("export-fp32").get(f"onnx/fp32/{MODEL_FILE}")
-            stage_fp = fingerprint(ckpt_hashes, e.opset, fp32_hash if precision != "fp32" else None,
-                                   (d.calib_samples, d.calib_block_size, run.artifact_hashes("data"))
-                                   if PRECISIONS[precision].calibrated else None)
-        else:
-            stage_fp = fingerprint(ckpt_hashes, e.opset, target, GRAPH_VERSION, repr(ORT_GRAPHS[precision]))
+        variant = VARIANTS[target](run, cfg, precision, model, calib)
+        stage_fp = fingerprint(ckpt_hashes, e.opset, *variant.depends_on)
         if not force and run.is_fresh(stage, stage_fp):
             console.print(f"export: {where} is up to date")
             continue
@@ -109,10 +130,7 @@ def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force:
         started = time.perf_counter()
         with atomic_dir(folder) as tmp:
             out = tmp / MODEL_FILE
-            if target == PORTABLE:
-                CONVERTERS[precision](run.onnx("fp32") / MODEL_FILE, out, model, calib, e.opset)
-            else:
-                _ort_graph(run, precision, out, model, e.opset)
+            variant.write(out)
             graph = finish_graph(out)
             check_graph(graph, Contract.from_hf_config(model.config, target), where)
             seconds = time.perf_counter() - started
@@ -122,11 +140,10 @@ def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force:
                 raise UserError(f"export {where}: the graph disagrees with PyTorch on ONNX Runtime "
                                 f"({'; '.join(failures)}); nothing was written")
         files = sorted(p for p in folder.iterdir())
-        key = precision if target == PORTABLE else f"{target}/{precision}"
+        key = variant.key
         report[key] = {"target": target, "export_seconds": round(seconds, 2), "bytes": sum(f.stat().st_size for f in files),
                        "files": [f.name for f in files], "opset": e.opset, "ir_version": graph.ir_version,
-                       "graph": PRECISIONS[precision].exporter if target == PORTABLE else ORT_GRAPHS[precision].summary,
-                       "parity_ort_cpu": parity}
+                       "graph": variant.graph, "parity_ort_cpu": parity}
         run.record(stage, [folder], stage_fp, {"export": cfg.section("export"), "data": cfg.section("data")},
                    {"checkpoint": ckpt_hashes})
         console.print(f"export: {where} {report[key]['bytes'] / 1e6:.1f} MB in {seconds:.1f}s; "
