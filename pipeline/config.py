@@ -65,6 +65,11 @@ class TrainConfig:
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
+    @property
+    def sharded(self) -> bool:
+        """FSDP: weights and optimizer state sharded over the ranks, a world of one included."""
+        return self.parallel == "fsdp"
+
 
 @dataclass
 class ExportConfig:

@@ -114,7 +114,7 @@ def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False
     Under torchrun every rank runs this (pipeline.distributed); rank 0 writes what lands."""
     ranks = ranks_from_env()
     device = rank_device(resolve_device(cfg.train.device), ranks)
-    with process_group(ranks, device, sharded=cfg.train.parallel == "fsdp"):
+    with process_group(ranks, device, cfg.train.sharded):
         return _finetune(cfg, run, resume, force, on_step, ranks, device)
 
 

@@ -110,7 +110,7 @@ def train_bench(cfg: Config, settings: list[str], warmup: int = 3, steps: int = 
     peak, hardware = peak_flops(device)
     measured = measured_matmul_peak(device) if device.type == "cuda" else None
     rows = []
-    with process_group(ranks, device, sharded=cfg.train.parallel == "fsdp"):
+    with process_group(ranks, device, cfg.train.sharded):
         for name in settings:
             if ranks.main:
                 console.print(f"train-bench: {name} on {ranks.world} rank{'s' if ranks.world > 1 else ''} ...")

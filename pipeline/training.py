@@ -97,7 +97,7 @@ class Stepper:
         # FSDP2 shards each block's weights, gradients and optimizer state over the ranks (a world of
         # one included: the process group is then pipeline.distributed's group of one);
         # DistributedDataParallel keeps a whole copy per rank; both average the gradients in backward
-        self.sharded = t.parallel == "fsdp"
+        self.sharded = t.sharded
         if self.sharded:
             if self.dtype == torch.float16:
                 raise UserError("train.parallel=fsdp trains in bf16 or fp32 (fp16's GradScaler is not sharded): "

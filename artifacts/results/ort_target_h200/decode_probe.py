@@ -1,9 +1,16 @@
 """Where a batch-1 decode step of the ort target's fp16 graph spends its time on a GPU (GPT-2 124M
 shape, random weights): the step as bench times it, the captured graph's replays alone, the host's
-share, and one uncaptured step's kernels by the profiler. Needs onnxruntime-gpu; from the
+share, one uncaptured step's kernels by the profiler; then the projections as com.microsoft.FusedMatMul
+with transB=1 over [N, K] weights (all, or the LM head only) against MatMul over [K, N] (as
+exported): GPU time of 300 replays of each captured graph (the recorded figures came from these
+two parts run as two scripts). Needs onnxruntime-gpu; from the
 repository root: `PYTHONPATH=. python artifacts/results/ort_target_h200/decode_probe.py`."""
 import statistics
 import time
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
 from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -16,7 +23,7 @@ from pipeline.runtime.sampling import Sampling
 dev = torch.device("cuda")
 cfg = GPT2Config()
 model = GPT2LMHeadModel(cfg).eval()
-path = Path("/tmp/probe/model.onnx"); path.parent.mkdir(exist_ok=True)
+base = path = Path("/tmp/probe/model.onnx"); path.parent.mkdir(exist_ok=True)
 export_ort_graph(model, "fp16", path, 17)
 contract = Contract.from_hf_config(cfg, ORT)
 be = OrtFusedBackend(path, contract, "fp16", dev)
@@ -83,3 +90,35 @@ from collections import Counter
 agg = Counter()
 for e in ev: agg[e.name[:60]] += e.device_time
 for k, v in agg.most_common(12): print("  %7.1f us  %s" % (v, k))
+
+
+def transb(which):
+    m = onnx.load(str(base))
+    inits = {i.name: i for i in m.graph.initializer}
+    for n in m.graph.node:
+        if n.op_type == "MatMul" and n.input[1] in inits and which(n.name):
+            init = inits[n.input[1]]
+            arr = numpy_helper.to_array(init)
+            init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(arr.T), init.name))
+            n.op_type, n.domain = "FusedMatMul", "com.microsoft"
+            n.attribute.extend([helper.make_attribute("transB", 1)])
+    p = base.with_name(f"v_{len(list(base.parent.glob('v_*')))}.onnx")
+    onnx.save(m, str(p)); return p
+
+variants = {"matmul": base, "fusedmatmul_all": transb(lambda n: True), "fusedmatmul_head": transb(lambda n: n == "lm_head")}
+for name, path in variants.items():  # the captured graph alone, per weight layout
+    be = OrtFusedBackend(path, contract, "fp16", dev)
+    gen = Generator(be)
+    for _ in range(2):
+        toks = torch.stack(list(gen.stream(prompt, samp))).view(-1)
+    c = be.cache
+    res = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record(be.stream)
+        for _ in range(300):
+            be.session.run_with_iobinding(c.decode_binding, c.run_options)
+        e1.record(be.stream); torch.cuda.synchronize()
+        res.append(e0.elapsed_time(e1) / 300)
+    print(f"{name}: replay gpu ms/step b1 {min(res):.4f}  tokens[:6] {toks[:6].tolist()}", flush=True)
