@@ -176,12 +176,5 @@ class OrtFusedBackend(Backend):
                     c.positions += 1
                 c.tokens[:, 0] = token
                 self._step()
-                token = self._argmax(c.logits[:, -1])
+                token = c.logits[:, -1].argmax(-1)
             yield token
-
-    def _argmax(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.stream is not None:
-            return logits.argmax(-1)
-        # numpy's, on one thread: torch's opens an OpenMP region whose spinning threads then fight ONNX
-        # Runtime's for the cores (4x slower decode steps at batch 8 on 2 cores, docs/performance.md)
-        return torch.from_numpy(logits.numpy().argmax(-1))
