@@ -201,7 +201,7 @@ def test_greedy_rows_with_nobody_waiting_run_chunks_on_the_device(model, monkeyp
     chunks = []
     scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=4)
     run_chunk = scheduler.greedy_chunk
-    monkeypatch.setattr(scheduler, "greedy_chunk", lambda *a: chunks.append(a[3]) or run_chunk(*a))
+    monkeypatch.setattr(scheduler, "greedy_chunk", lambda size, count: chunks.append(count) or run_chunk(size, count))
     scheduler.start()
     prompt = [464, 2068, 7586]
     free = alone(model, [prompt], Sampling(max_new_tokens=21))[0]
