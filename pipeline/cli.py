@@ -245,25 +245,32 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
           continuous: Annotated[bool, typer.Option(metavar="", help="Batch requests continuously (torch-compiled, triton); "
                                                    "--no-continuous serves one request at a time.")] = True,
           timeout: Annotated[Optional[float], typer.Option(min=0.1, help="Seconds a request may run, 504 after (config serve.timeout_s, default 120).")] = None,
+          http_processes: Annotated[Optional[int], typer.Option(min=0, help="HTTP processes relaying the one engine (config "
+                                                                "serve.http_processes; default 0: 4 with a GPU, 1 on a CPU).")] = None,
           docs: Annotated[bool, typer.Option("--docs", metavar="", help="Also serve /docs and /openapi.json.")] = False) -> None:
     """Serve generation over HTTP: OpenAI's /v1/completions, /generate, /batch_generate, /health, /ready, /metrics."""
     try:
-        from serve.app import create_service
-        from serve.server import serve_forever
+        from serve.server import http_process_count, serve_here, serve_in_processes
     except ImportError as e:
         raise UserError(f"serving needs the [serve] extra ({e.name} is missing): pip install 'gpt2-deploy[serve]'") from None
     from pipeline.tokenizer import load_tokenizer
-    from serve.engine import EngineSpec
+    from serve.engine import EngineProcess, EngineSpec
 
-    flags = {"host": host, "port": port, "max_body": max_body, "queue": queue, "max_rows": max_rows, "timeout_s": timeout}
+    flags = {"host": host, "port": port, "max_body": max_body, "queue": queue, "max_rows": max_rows, "timeout_s": timeout,
+             "http_processes": http_processes}
     sets = [*(sets or []), *(f"serve.{key}={value}" for key, value in flags.items() if value is not None)]
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
-    settings = cfg.serve
+    settings, name = cfg.serve, cfg.serve.model_name or cfg.run_name
     spec = EngineSpec(rundir.root.resolve(), backend, precision, str(_device(device)), settings.max_rows, continuous)
-    service = create_service(spec, load_tokenizer(rundir.checkpoint), settings, settings.model_name or cfg.run_name, docs)
+    tokenizer, count = load_tokenizer(rundir.checkpoint), http_process_count(settings, spec.device)
+    engine = EngineProcess(spec, tokenizer.eos_token_id, count)
     console.print(f"serve: {backend} {precision} from {rundir.root} on http://{settings.host}:{settings.port} "
-                  f"(ready in {service.startup_s:.1f} s)", markup=False)
-    serve_forever(service, settings.host, settings.port, settings.drain_s)
+                  f"(ready in {engine.info['startup_s']:.1f} s, {count} HTTP process{'es' if count > 1 else ''})",
+                  markup=False)
+    if count == 1:
+        serve_here(engine, tokenizer, settings, name, docs)
+    else:
+        raise typer.Exit(serve_in_processes(engine, count, rundir.checkpoint, settings, name, docs))
 
 
 @app.command()

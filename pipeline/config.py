@@ -109,6 +109,9 @@ class ServeConfig:
     timeout_s: float = 120.0  # a request still running after this is stopped (504)
     max_body: int = 1 << 20  # request bodies over this many bytes get 413
     drain_s: float = 30.0  # on SIGTERM, how long requests in flight may still run before the server exits
+    # HTTP processes in front of the one engine; 0: 4 with a GPU (one event loop was the limit there,
+    # docs/performance.md), 1 on a CPU
+    http_processes: int = 0
 
 
 def _default_budgets() -> dict[str, Budget]:
@@ -336,6 +339,7 @@ def validate_config(cfg: Config) -> None:
         (1 <= sv.port <= 65535, f"serve.port {sv.port}: use 1-65535"),
         (sv.max_rows >= 1 and sv.max_prompts >= 1 and sv.queue >= 1,
          "serve.max_rows, max_prompts and queue must be at least 1"),
+        (sv.http_processes >= 0, f"serve.http_processes {sv.http_processes}: use 0 (by the device) or more"),
         (sv.timeout_s > 0 and sv.drain_s >= 0, "serve.timeout_s must be positive and serve.drain_s not negative"),
         (sv.max_body >= 1024, "serve.max_body must be at least 1024 bytes"),
     ]

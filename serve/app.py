@@ -6,7 +6,8 @@
     POST /generate, /batch_generate        this project's API (serve.native)
     GET  /v1/models, POST /v1/completions  OpenAI's (serve.openai_api)
 
-The engine, a process of its own (serve.engine), owns the backend; its scheduler thread runs the
+The engine, a process of its own (serve.engine), owns the backend; one or more HTTP processes
+(serve.server) each run this app over a channel to it. Its scheduler thread runs the
 requests (pipeline.runtime.scheduler): continuously batched on the static-cache backends
 (torch-compiled, triton), one at a time on the others; its graphs are captured before the app
 exists. The event loop never tokenises or waits on the device: it only hands requests over and
@@ -21,12 +22,12 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from pipeline.config import ServeConfig
 from pipeline.errors import UserError
 from pipeline.runtime.scheduler import QueueFull
-from serve.engine import EngineClient, EngineSpec
+from serve.engine import EngineClient
 from serve.errors import TimedOut, UnknownModel, error
 from serve.metrics import ServeMetrics
 from serve.middleware import Admission, BodyLimit
@@ -42,19 +43,17 @@ class Service:
     admission: Admission  # draining switch and in-flight count
     engine: EngineClient
 
-    @property
-    def startup_s(self) -> float:  # the engine's: backend opened, every graph captured
-        return self.engine.info["startup_s"]
 
-
-def create_service(spec: EngineSpec, tokenizer, settings: ServeConfig, model_name: str, docs: bool = False) -> Service:
-    engine = EngineClient(spec, tokenizer.eos_token_id, settings.queue)
-    info = engine.info
+def create_service(channel: tuple, info: dict, waiting, tokenizer, settings: ServeConfig, model_name: str,
+                   docs: bool = False) -> Service:
+    """The app of one HTTP process over its channel to the engine, `waiting` the count of requests
+    not yet started that every HTTP process shares (serve.engine.EngineProcess)."""
     # a continuously batched request runs all its prompts at once: more than the rows would never start
     batched = info["scheduler"] == "continuous"
     max_prompts = min(settings.max_prompts, settings.max_rows) if batched else settings.max_prompts
     gpu = info["device"].startswith("cuda")
-    metrics = ServeMetrics(lambda: engine.load, int(info["device"].partition(":")[2] or 0) if gpu else None)
+    metrics = ServeMetrics(int(info["device"].partition(":")[2] or 0) if gpu else None)
+    engine = EngineClient(channel, info, settings.queue, waiting, metrics.load)
     hub = Hub(tokenizer, engine, max_prompts, settings.timeout_s, metrics)
 
     app = FastAPI(title="gpt2-deploy", version="0.1.0", docs_url="/docs" if docs else None, redoc_url=None,
@@ -111,7 +110,7 @@ def create_service(spec: EngineSpec, tokenizer, settings: ServeConfig, model_nam
 
     @app.get("/metrics")
     def prometheus():
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(native_routes(hub))
     app.include_router(openai_routes(hub, model_name, int(time.time())))

@@ -1,10 +1,11 @@
 """The engine in a process of its own: the backend and its scheduler (pipeline.runtime.scheduler)
-run in a child process, the HTTP side in the parent, so the scheduler never waits for the GIL
-while the event loop writes streams (docs/performance.md, "Serving").
+run in a child process, the HTTP side in one or more others (serve.server), so the scheduler never
+waits for the GIL while an event loop writes streams (docs/performance.md, "Serving").
 
-Parent -> child, one pipe: ("submit", id, prompts, sampling), ("cancel", id), ("end", id, prompt).
-Child -> parent, another: lists of (id, item) gathered while the scheduler stepped, where item is a
-step's tokens, "started" (the job left the queue), None (done) or an exception."""
+One channel per HTTP process. HTTP -> engine, one pipe: ("submit", id, prompts, sampling),
+("cancel", id), ("end", id, prompt). Engine -> HTTP, another: lists of (id, item) gathered while
+the scheduler stepped, where item is a step's tokens, "started" (the job left the queue), None
+(done) or an exception."""
 
 from __future__ import annotations
 
@@ -65,35 +66,67 @@ class RemoteJob:
                 self.send(("end", self.id, prompt))
 
 
-class EngineClient:
-    """Starts the engine process and talks to it: submit jobs (QueueFull past the cap on jobs not
-    yet started), and a reader thread hands each job what arrives for it."""
+class EngineProcess:
+    """Starts the engine process with one channel (a command pipe and a result pipe) per HTTP process
+    and waits until it is ready: backend open, every graph captured. `channels[i]` is HTTP process
+    i's end: (commands writer, results reader); `waiting` counts the jobs not yet started of all of
+    them, in shared memory, so the queue cap holds whatever process a request reaches."""
 
-    def __init__(self, spec: EngineSpec, pad_id: int, queue_cap: int):
+    def __init__(self, spec: EngineSpec, pad_id: int, channels: int = 1):
         context = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
-        self.commands, child_commands = context.Pipe(duplex=False)[::-1]
-        child_results, self.results = context.Pipe(duplex=False)[::-1]
-        # Pipe(duplex=False) -> (reader, writer): the parent writes commands and reads results
-        self.process = context.Process(target=engine_main, args=(spec, pad_id, child_commands, child_results),
-                                       name="engine", daemon=True)
-        self.queue_cap, self.lock, self.send_lock = queue_cap, threading.Lock(), threading.Lock()
-        self.jobs: dict[int, RemoteJob] = {}
-        self.unstarted, self.ids, self.alive = 0, itertools.count(), True
+        self.waiting = context.Value("q", 0)
+        self.channels, child_ends = [], []
+        for _ in range(channels):
+            commands_in, commands_out = context.Pipe(duplex=False)  # Pipe(duplex=False) -> (reader, writer)
+            results_in, results_out = context.Pipe(duplex=False)
+            self.channels.append((commands_out, results_in))
+            child_ends.append((commands_in, results_out))
+        self.process = context.Process(target=engine_main, args=(spec, pad_id, child_ends), name="engine", daemon=True)
         started = time.perf_counter()
         self.process.start()
-        child_commands.close()
-        child_results.close()
-        if not self.results.poll(START_TIMEOUT_S):
+        for ends in child_ends:
+            for end in ends:
+                end.close()
+        first = self.channels[0][1]
+        if not first.poll(START_TIMEOUT_S):
             self.process.kill()
             raise UserError(f"the engine did not start in {START_TIMEOUT_S} s")
         try:
-            kind, detail = self.results.recv()
+            kind, detail = first.recv()
         except EOFError:
             raise UserError(f"the engine process exited while starting (exit code {self.process.join(5) or self.process.exitcode})") from None
         if kind == "failed":
             self.process.join(5)
             raise UserError(detail)
         self.info = {**detail, "startup_s": round(time.perf_counter() - started, 3)}
+
+    def release(self) -> None:
+        """This process's copies of the channels closed, once HTTP processes hold theirs."""
+        for ends in self.channels:
+            for end in ends:
+                end.close()
+
+    def close(self) -> None:
+        """The engine stops once every command pipe is closed (its jobs with it)."""
+        self.release()
+        self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+class EngineClient:
+    """An HTTP process's side of one channel to the engine: submit jobs (QueueFull once `waiting`,
+    the jobs of every HTTP process not yet started, is at the cap), and a reader thread hands each
+    job what arrives for it. `on_load(waiting, running)` hears of every change of this process's
+    counts (the metrics)."""
+
+    def __init__(self, channel: tuple, info: dict, queue_cap: int, waiting,
+                 on_load: Callable[[int, int], None] = lambda waiting, running: None):
+        self.commands, self.results = channel
+        self.info, self.queue_cap, self.waiting, self.on_load = info, queue_cap, waiting, on_load
+        self.lock, self.send_lock = threading.Lock(), threading.Lock()
+        self.jobs: dict[int, RemoteJob] = {}
+        self.unstarted, self.ids, self.alive = 0, itertools.count(), True
         self.reader = threading.Thread(target=self.read, name="engine-reader", daemon=True)
         self.reader.start()
 
@@ -104,11 +137,7 @@ class EngineClient:
             return self.unstarted, len(self.jobs) - self.unstarted
 
     def close(self) -> None:
-        """The engine stops once the command pipe closes (its jobs with it)."""
         self.commands.close()
-        self.process.join(30)
-        if self.process.is_alive():
-            self.process.kill()
 
     def send(self, message: tuple) -> None:
         with self.send_lock:
@@ -118,12 +147,19 @@ class EngineClient:
         if not self.alive:
             raise RuntimeError("the engine process has stopped")
         with self.lock:
-            if self.unstarted >= self.queue_cap:
-                raise QueueFull
+            with self.waiting.get_lock():
+                if self.waiting.value >= self.queue_cap:
+                    raise QueueFull
+                self.waiting.value += 1
             job = RemoteJob(next(self.ids), prompts, sampling, deliver, self.send)
             self.jobs[job.id], self.unstarted = job, self.unstarted + 1
+            self.on_load(self.unstarted, len(self.jobs) - self.unstarted)
         self.send(("submit", job.id, prompts, sampling))
         return job
+
+    def started(self, jobs: int) -> None:
+        with self.waiting.get_lock():
+            self.waiting.value -= jobs
 
     def read(self) -> None:
         try:
@@ -133,23 +169,31 @@ class EngineClient:
                         job = self.jobs.get(job_id)
                         if job is None:
                             continue
-                        if item == "started" or (not isinstance(item, list) and not job.started):
+                        changed = not isinstance(item, list)
+                        if item == "started" or (changed and not job.started):
                             job.started, self.unstarted = True, self.unstarted - 1
-                        if not isinstance(item, list) and item != "started":
+                            self.started(1)
+                        if changed and item != "started":
                             del self.jobs[job_id]
+                        if changed:
+                            self.on_load(self.unstarted, len(self.jobs) - self.unstarted)
                     if item != "started":
                         job.deliver(item)
         except (EOFError, OSError):
             self.alive = False
             with self.lock:
+                self.started(self.unstarted)
                 jobs, self.jobs, self.unstarted = list(self.jobs.values()), {}, 0
+                self.on_load(0, 0)
             for job in jobs:
                 job.deliver(RuntimeError("the engine process stopped"))
 
 
-def engine_main(spec: EngineSpec, pad_id: int, commands, results) -> None:
-    """The child: open the backend, start its scheduler, then run commands until the parent goes."""
+def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
+    """The child: open the backend, start its scheduler, then run the commands of every channel until
+    every HTTP process has gone. Jobs are told apart by (channel, id)."""
     import sys
+    from multiprocessing.connection import wait
 
     import torch
 
@@ -159,60 +203,69 @@ def engine_main(spec: EngineSpec, pad_id: int, commands, results) -> None:
 
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     # the parent decides when the engine stops (it drains first): a Ctrl-C or SIGTERM sent to the whole
-    # process group must not kill the requests in flight; the engine ends when the parent's pipe closes
+    # process group must not kill the requests in flight; the engine ends when the last command pipe closes
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    results = [r for _, r in channels]
     try:
         backend = open_named_backend(RunDir(spec.run), spec.backend, spec.precision, torch.device(spec.device))
-        # the parent caps the queue: the child takes whatever it is sent
+        # the HTTP processes cap the queue: the engine takes whatever it is sent
         scheduler = make_scheduler(backend, pad_id, spec.max_rows, 1 << 30, spec.continuous)
     except Exception as e:  # a UserError names the option; anything else says what it was
-        results.send(("failed", str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"))
-        results.close()
+        results[0].send(("failed", str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"))
         return
     outbox = Outbox(results)
-    results.send(("ready", {"backend": backend.name, "precision": backend.precision, "device": str(backend.device),
-                            "context": backend.n_positions,
-                            "scheduler": "continuous" if isinstance(scheduler, ContinuousScheduler) else "serial"}))
+    results[0].send(("ready", {"backend": backend.name, "precision": backend.precision, "device": str(backend.device),
+                               "context": backend.n_positions,
+                               "scheduler": "continuous" if isinstance(scheduler, ContinuousScheduler) else "serial"}))
     scheduler.start()
     threading.Thread(target=outbox.run, name="sender", daemon=True).start()
-    jobs: dict[int, Job] = {}
-    while True:
-        try:
-            message = commands.recv()
-        except (EOFError, OSError):  # the parent has gone
-            return
-        if message[0] == "submit":
-            _, job_id, prompts, sampling = message
-            job = jobs[job_id] = Job(prompts, sampling, outbox.deliverer(job_id, jobs))
-            job.on_start = functools.partial(outbox.put, job_id, "started")
-            scheduler.submit(job)
-        elif message[0] == "cancel" and message[1] in jobs:
-            jobs[message[1]].cancelled.set()
-        elif message[0] == "end" and message[1] in jobs:
-            jobs[message[1]].end(message[2])
+    jobs: dict[tuple[int, int], Job] = {}
+    open_channels = {commands: index for index, (commands, _) in enumerate(channels)}
+    while open_channels:
+        for commands in wait(list(open_channels)):
+            channel = open_channels[commands]
+            try:
+                message = commands.recv()
+            except (EOFError, OSError):  # that HTTP process has gone: its jobs with it
+                del open_channels[commands]
+                for (owner, _), job in list(jobs.items()):  # list() copies under the GIL
+                    if owner == channel:
+                        job.cancelled.set()
+                continue
+            key = (channel, message[1])
+            if message[0] == "submit":
+                _, _, prompts, sampling = message
+                job = jobs[key] = Job(prompts, sampling, outbox.deliverer(key, jobs))
+                job.on_start = functools.partial(outbox.put, key, "started")
+                scheduler.submit(job)
+            elif message[0] == "cancel" and key in jobs:
+                jobs[key].cancelled.set()
+            elif message[0] == "end" and key in jobs:
+                jobs[key].end(message[2])
 
 
 class Outbox:
-    """What the scheduler delivers, sent to the parent in one message per batch that gathered while
-    the sender was busy: a pipe write per job and step would cost the scheduler thread more than a step."""
+    """What the scheduler delivers, sent to each HTTP process in one message per batch that gathered
+    while the sender was busy: a pipe write per job and step would cost the scheduler thread more than
+    a step."""
 
-    def __init__(self, results):
+    def __init__(self, results: list):
         self.results, self.pending, self.ready = results, [], threading.Condition()
 
-    def put(self, job_id: int, item: object) -> None:
+    def put(self, key: tuple[int, int], item: object) -> None:
         if isinstance(item, Exception) and not isinstance(item, UserError):
             traceback.print_exception(item)  # the server log has the details; the client gets its type
             item = RuntimeError(f"{type(item).__name__}: {item}")
         with self.ready:
-            self.pending.append((job_id, item))
+            self.pending.append((key, item))
             self.ready.notify()
 
-    def deliverer(self, job_id: int, jobs: dict) -> Callable[[object], None]:
+    def deliverer(self, key: tuple[int, int], jobs: dict) -> Callable[[object], None]:
         def deliver(item: object) -> None:
             if not isinstance(item, list):
-                jobs.pop(job_id, None)
-            self.put(job_id, item)
+                jobs.pop(key, None)
+            self.put(key, item)
         return deliver
 
     def run(self) -> None:
@@ -221,4 +274,11 @@ class Outbox:
                 while not self.pending:
                     self.ready.wait()
                 batch, self.pending = self.pending, []
-            self.results.send(batch)
+            by_channel: dict[int, list] = {}
+            for (channel, job_id), item in batch:
+                by_channel.setdefault(channel, []).append((job_id, item))
+            for channel, items in by_channel.items():
+                try:
+                    self.results[channel].send(items)
+                except OSError:  # that HTTP process has gone; its jobs are cancelled as its commands end
+                    pass

@@ -1,13 +1,22 @@
 """GET /metrics: the service in Prometheus' text format (prometheus-client), on a registry of its
 own. Request outcomes, rejections, waiting and running requests, token counts and latency
-histograms; GPU memory and utilisation through NVML (nvidia-ml-py) when the model runs on a GPU."""
+histograms; GPU memory and utilisation through NVML (nvidia-ml-py) when the model runs on a GPU.
+With several HTTP processes, prometheus-client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR, set
+before they start) sums every process's figures into each scrape."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import os
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 from prometheus_client.core import GaugeMetricFamily
 
 PREFIX = "gpt2deploy"
@@ -20,8 +29,9 @@ log = logging.getLogger(__name__)
 
 
 class ServeMetrics:
-    def __init__(self, load: Callable[[], tuple[int, int]], gpu_index: int | None):
+    def __init__(self, gpu_index: int | None):
         self.registry = registry = CollectorRegistry()
+        self.shared = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))  # several HTTP processes
         self.requests = Counter(f"{PREFIX}_requests", "Generation requests by outcome", ["outcome"], registry=registry)
         self.rejected = Counter(f"{PREFIX}_requests_rejected", "Requests refused before they ran, by reason",
                                 ["reason"], registry=registry)
@@ -29,10 +39,10 @@ class ServeMetrics:
             self.requests.labels(outcome)
         for reason in REJECTIONS:
             self.rejected.labels(reason)
-        waiting = Gauge(f"{PREFIX}_requests_waiting", "Requests queued, not yet running", registry=registry)
-        running = Gauge(f"{PREFIX}_requests_running", "Requests generating now", registry=registry)
-        waiting.set_function(lambda: load()[0])
-        running.set_function(lambda: load()[1])
+        self.waiting = Gauge(f"{PREFIX}_requests_waiting", "Requests queued, not yet running", registry=registry,
+                             multiprocess_mode="livesum")
+        self.running = Gauge(f"{PREFIX}_requests_running", "Requests generating now", registry=registry,
+                             multiprocess_mode="livesum")
         self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens of the requests that ran", registry=registry)
         self.generated_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated", registry=registry)
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "From a request's arrival to its first token",
@@ -42,10 +52,25 @@ class ServeMetrics:
                              buckets=TOKEN_BUCKETS, registry=registry)
         self.e2e = Histogram(f"{PREFIX}_request_duration_seconds", "From a request's arrival to its last token",
                              buckets=REQUEST_BUCKETS, registry=registry)
-        if gpu_index is not None:
-            gpu = GpuCollector.open(gpu_index)
-            if gpu is not None:
-                registry.register(gpu)
+        self.gpu = GpuCollector.open(gpu_index) if gpu_index is not None else None
+
+    def load(self, waiting: int, running: int) -> None:
+        self.waiting.set(waiting)
+        self.running.set(running)
+
+    def exposition(self) -> bytes:
+        """The text a scrape gets: this process's figures, or every HTTP process's summed."""
+        registry = self.registry
+        if self.shared:
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+        if self.gpu is not None:
+            registry.register(self.gpu)
+        try:
+            return generate_latest(registry)
+        finally:
+            if self.gpu is not None:
+                registry.unregister(self.gpu)
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(reason).inc()

@@ -1,25 +1,57 @@
-"""uvicorn with a drain: on SIGTERM (or Ctrl-C) /ready turns false and new generation requests get
-503 while those in flight finish, for at most `drain_s`; then the server stops and the process
-exits 0. A second signal stops it at once."""
+"""The HTTP side: uvicorn with a drain, in this process or in several HTTP processes that share one
+listening socket and relay one engine (serve.http_processes), as vLLM's API servers do: one event
+loop at a full core was the limit at 64 streaming clients (docs/performance.md, "Serving").
+
+The drain: on SIGTERM (or Ctrl-C) /ready turns false and new generation requests get 503 while
+those in flight finish, for at most `drain_s`; then the server stops and the process exits 0. A
+second signal stops it at once. With several HTTP processes this process supervises: it forwards
+the signal to each, and exits once all have (non-zero if one failed)."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
 import time
+from multiprocessing.connection import wait
+from pathlib import Path
 
 import uvicorn
+from prometheus_client import multiprocess
 
-from serve.app import Service
+from pipeline.config import ServeConfig
+from serve.app import Service, create_service
+from serve.engine import EngineProcess
 
+GPU_HTTP_PROCESSES = 4  # 64 streaming clients: 1 -> 4 processes took 38,156 -> 50,996 tokens/s, 8 no more
 FORCED_CLOSE_S = 5  # after the drain: what uvicorn still gives open connections before closing them
+BACKLOG = 2048  # uvicorn's own default: connections the kernel holds until a process accepts them
+
+
+def http_process_count(settings: ServeConfig, device: str) -> int:
+    """serve.http_processes, or by the device where it is 0: one event loop keeps up with a CPU's
+    engine, not with a GPU's (a core for every four processes at most)."""
+    if settings.http_processes:
+        return settings.http_processes
+    return min(GPU_HTTP_PROCESSES, max(1, (os.cpu_count() or 1) // 4)) if device.startswith("cuda") else 1
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, service: Service, drain_s: float):
+    """`supervised`: an HTTP process of several. A Ctrl-C reaches the whole process group, so it
+    hears only the supervisor's SIGTERM, and it drains by itself if the supervisor is gone."""
+
+    def __init__(self, config: uvicorn.Config, service: Service, drain_s: float, supervised: bool = False):
         super().__init__(config)
         self.service, self.drain_s, self.drain_started = service, drain_s, None
+        self.supervised, self.supervisor = supervised, os.getppid()
 
     def handle_exit(self, sig, frame) -> None:
         # uvicorn's own handler stops at once and re-raises the signal afterwards (exit 143)
+        if self.supervised and sig == signal.SIGINT:
+            return
         if self.drain_started is None:
             self.drain_started = time.monotonic()
             self.service.admission.draining = True
@@ -27,16 +59,80 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = self.force_exit = True
 
     async def on_tick(self, counter: int) -> bool:
+        if self.supervised and self.drain_started is None and os.getppid() != self.supervisor:
+            self.handle_exit(signal.SIGTERM, None)
         if self.drain_started is not None and (self.service.admission.in_flight == 0
                                                or time.monotonic() - self.drain_started > self.drain_s):
             self.should_exit = True
         return await super().on_tick(counter)
 
 
-def serve_forever(service: Service, host: str, port: int, drain_s: float) -> None:
-    config = uvicorn.Config(service.asgi, host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=FORCED_CLOSE_S)
+def run_http(service: Service, settings: ServeConfig, sock: socket.socket | None = None) -> None:
+    config = uvicorn.Config(service.asgi, host=settings.host, port=settings.port, log_level="warning",
+                            timeout_graceful_shutdown=FORCED_CLOSE_S, backlog=BACKLOG)
     try:
-        DrainingServer(config, service, drain_s).run()
+        DrainingServer(config, service, settings.drain_s, supervised=sock is not None).run(
+            sockets=None if sock is None else [sock])
     finally:
         service.engine.close()
+
+
+def serve_here(engine: EngineProcess, tokenizer, settings: ServeConfig, model_name: str, docs: bool) -> None:
+    """One HTTP process: this one."""
+    try:
+        run_http(create_service(engine.channels[0], engine.info, engine.waiting, tokenizer, settings, model_name, docs),
+                 settings)
+    finally:
+        engine.close()
+
+
+def http_main(channel: tuple, info: dict, waiting, sock: socket.socket, checkpoint: Path, settings: ServeConfig,
+              model_name: str, docs: bool) -> None:
+    """An HTTP process of several: its own app and tokenizer, on the shared socket."""
+    from pipeline.tokenizer import load_tokenizer
+
+    run_http(create_service(channel, info, waiting, load_tokenizer(checkpoint), settings, model_name, docs), settings, sock)
+
+
+def serve_in_processes(engine: EngineProcess, count: int, checkpoint: Path, settings: ServeConfig, model_name: str,
+                       docs: bool) -> int:
+    """`count` HTTP processes on one listening socket, each with its channel to the engine; their
+    metrics are summed through files in a folder of their own. -> the exit code."""
+    sock = socket.create_server((settings.host, settings.port), backlog=BACKLOG)
+    metrics = tempfile.mkdtemp(prefix="gpt2deploy-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics  # read as the HTTP processes import prometheus-client
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=http_main, name=f"http-{i}",
+                                 args=(engine.channels[i], engine.info, engine.waiting, sock, checkpoint, settings,
+                                       model_name, docs))
+                 for i in range(count)]
+    try:
+        for process in processes:
+            process.start()
+        engine.release()
+        sock.close()
+
+        def stop_all(*_) -> None:
+            for process in processes:
+                if process.is_alive():
+                    os.kill(process.pid, signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, stop_all)
+        signal.signal(signal.SIGINT, stop_all)
+        running, failed = list(processes), False
+        while running:
+            ended = wait([p.sentinel for p in running])
+            for process in [p for p in running if p.sentinel in ended]:
+                process.join()
+                running.remove(process)
+                multiprocess.mark_process_dead(process.pid)  # its live gauges leave the sums
+                if process.exitcode:  # one failed: the others drain and stop too
+                    failed = True
+                    stop_all()
+        return int(failed)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        engine.close()
+        shutil.rmtree(metrics, ignore_errors=True)

@@ -14,10 +14,12 @@ parser = pytest.importorskip("prometheus_client.parser", reason="the [serve] ext
 QUEUE = 3
 
 
-@pytest.fixture(scope="module")
-def queued_server(exported_run, tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-http-process", "two-http-processes"])
+def queued_server(exported_run, tmp_path_factory, request):
+    """The cap holds across HTTP processes (they share one count) and their metrics are summed."""
     _, run, _ = exported_run
-    proc, url = start_server(run, tmp_path_factory.mktemp("serve") / "queued.log", "--queue", str(QUEUE))
+    proc, url = start_server(run, tmp_path_factory.mktemp("serve") / "queued.log", "--queue", str(QUEUE),
+                             "--http-processes", str(request.param))
     yield url
     stop_server(proc)
 

@@ -43,3 +43,29 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(exported_run, tmp_path):
                  for row in json.loads(line[6:])["tokens"])
     assert lines[-2:] == ["event: done", "data: {}"] and tokens == 16 * 200
     assert proc.wait(timeout=30) == 0, (tmp_path / "server.log").read_text()
+
+
+def test_several_http_processes_relay_one_engine_sum_their_metrics_and_drain(exported_run, tmp_path):
+    """Two HTTP processes on one socket: concurrent clients, each on a connection of its own, all get
+    the tokens a request gets alone; every scrape, whichever process answers it, counts every
+    request; SIGTERM to the supervisor drains both and it exits 0."""
+    _, run, _ = exported_run
+    proc, url = start_server(run, tmp_path / "server.log", "--http-processes", "2")
+    ask = {"prompt": "The module", "max_new_tokens": 6, "ignore_eos": True}
+    alone = httpx.post(f"{url}/generate", json=ask, timeout=60).json()["tokens"]
+    replies = []
+    threads = [threading.Thread(target=lambda: replies.append(httpx.post(f"{url}/generate", json=ask, timeout=60)))
+               for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.status_code for r in replies] == [200] * 12
+    assert all(r.json()["tokens"] == alone for r in replies)
+    counts = {next(line for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
+                   if line.startswith('gpt2deploy_requests_total{outcome="ok"}')) for _ in range(6)}
+    assert counts == {'gpt2deploy_requests_total{outcome="ok"} 13.0'}
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0, (tmp_path / "server.log").read_text()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/health", timeout=2)
