@@ -26,8 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from pipeline.config import ServeConfig
 from pipeline.errors import UserError
-from pipeline.runtime.scheduler import QueueFull
-from serve.engine import EngineClient
+from serve.engine import EngineClient, QueueFull
 from serve.errors import TimedOut, UnknownModel, error
 from serve.metrics import ServeMetrics
 from serve.middleware import Admission, BodyLimit

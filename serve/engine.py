@@ -22,10 +22,13 @@ from pathlib import Path
 
 from pipeline.errors import UserError
 from pipeline.runtime.sampling import Sampling
-from pipeline.runtime.scheduler import QueueFull
 
 START_TIMEOUT_S = 900  # the child opens the backend and captures every graph before it answers
 SWITCH_INTERVAL_S = 2e-4  # the child's scheduler, command and sender threads hand the GIL over this often
+
+
+class QueueFull(Exception):
+    """The waiting queue is at its cap."""
 
 
 @dataclass(frozen=True)
@@ -209,8 +212,8 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
     results = [r for _, r in channels]
     try:
         backend = open_named_backend(RunDir(spec.run), spec.backend, spec.precision, torch.device(spec.device))
-        # the HTTP processes cap the queue: the engine takes whatever it is sent
-        scheduler = make_scheduler(backend, pad_id, spec.max_rows, 1 << 30, spec.continuous)
+        # the HTTP processes cap the queue (EngineClient): the engine takes whatever it is sent
+        scheduler = make_scheduler(backend, pad_id, spec.max_rows, spec.continuous)
     except Exception as e:  # a UserError names the option; anything else says what it was
         results[0].send(("failed", str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"))
         return

@@ -1,5 +1,5 @@
 """Serving many requests on one backend: one thread owns the backend and runs the jobs (requests)
-that wait in a bounded queue.
+that wait in a queue.
 
 - ContinuousScheduler (the static-cache backends: torch-compiled, triton): continuous batching. At
   a step boundary waiting jobs join the running batch (their prefill runs apart, and its keys and
@@ -60,17 +60,12 @@ class Job:
             self.cancelled.set()
 
 
-class QueueFull(Exception):
-    """The waiting queue is at its cap."""
-
-
 class SchedulerBase:
     """The queue and the thread; a subclass runs what is queued (serve) and calls `started` as a job
-    leaves the waiting ones (to run, or cancelled before it ran). The cap counts every job not yet
-    started, also those the scheduler has taken from the queue to wait for rows."""
+    leaves the waiting ones (to run, or cancelled before it ran), also one the scheduler took from
+    the queue to wait for rows: the waiting-queue cap counts on it (serve.engine)."""
 
-    def __init__(self, queue_cap: int):
-        self.queue_cap, self.lock, self.unstarted = queue_cap, threading.Lock(), 0
+    def __init__(self):
         self.waiting: queue.Queue[Job] = queue.Queue()
         self.thread = threading.Thread(target=self.serve, name="scheduler", daemon=True)
 
@@ -78,25 +73,11 @@ class SchedulerBase:
         self.thread.start()
 
     def submit(self, job: Job) -> None:
-        with self.lock:
-            if self.unstarted >= self.queue_cap:
-                raise QueueFull
-            self.unstarted += 1
         self.waiting.put_nowait(job)
 
     def started(self, job: Job) -> None:
-        with self.lock:
-            self.unstarted -= 1
         if job.on_start is not None:
             job.on_start()
-
-    @property
-    def load(self) -> tuple[int, int]:
-        """(jobs waiting to start, jobs running)"""
-        return self.unstarted, self.running_jobs()
-
-    def running_jobs(self) -> int:
-        raise NotImplementedError
 
     def serve(self) -> None:
         raise NotImplementedError
@@ -106,19 +87,15 @@ class SerialScheduler(SchedulerBase):
     """One job at a time, its prompts batched, through the Generator: for backends without
     control over single rows of their cache (torch, ort, trt)."""
 
-    def __init__(self, generator: Generator, queue_cap: int = 64):
-        super().__init__(queue_cap)
-        self.generator, self.busy = generator, False
-
-    def running_jobs(self) -> int:
-        return int(self.busy)
+    def __init__(self, generator: Generator):
+        super().__init__()
+        self.generator = generator
 
     def serve(self) -> None:
         while True:
             job = self.waiting.get()
-            self.busy = not job.cancelled.is_set()
             self.started(job)
-            if not self.busy:
+            if job.cancelled.is_set():
                 continue
             try:
                 for token in self.generator.stream(job.prompts, job.sampling):
@@ -128,7 +105,6 @@ class SerialScheduler(SchedulerBase):
                 job.deliver(None)
             except Exception as e:  # handed to the job that caused it; the scheduler goes on
                 job.deliver(e)
-            self.busy = False
 
 
 @dataclass(eq=False)
@@ -186,8 +162,8 @@ class ContinuousScheduler(SchedulerBase):
     joins, leaves) overlaps the device's. A row that stops at a stop token is seen one step late and
     computes one step for nothing; a row that reaches its length leaves before it would."""
 
-    def __init__(self, backend: StaticCacheBackend, pad_id: int, max_rows: int = 64, queue_cap: int = 64):
-        super().__init__(queue_cap)
+    def __init__(self, backend: StaticCacheBackend, pad_id: int, max_rows: int = 64):
+        super().__init__()
         self.backend, self.pad_id, self.max_rows = backend, pad_id, max_rows
         # room for a row of the longest job to start anywhere up to the model's context
         self.columns = 2 * backend.n_positions
@@ -212,9 +188,6 @@ class ContinuousScheduler(SchedulerBase):
         self.deferred: list[Job] = []  # taken from the queue, waiting for rows or room
         self.held = 0  # steps the deferred jobs have waited to gather
         self.unread: list[Readback] = []  # picked on the device, not yet read by the host
-
-    def running_jobs(self) -> int:
-        return len(self.running)
 
     # the loop ---------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -486,11 +459,10 @@ class ContinuousScheduler(SchedulerBase):
             r.first_slot -= empty
 
 
-def make_scheduler(backend, pad_id: int, max_rows: int = 64, queue_cap: int = 64,
-                   continuous: bool = True) -> SchedulerBase:
+def make_scheduler(backend, pad_id: int, max_rows: int = 64, continuous: bool = True) -> SchedulerBase:
     """Continuous batching where the backend allows it (and `continuous`), else one job at a time."""
     if continuous and isinstance(backend, StaticCacheBackend):
-        scheduler = ContinuousScheduler(backend, pad_id, max_rows, queue_cap)
+        scheduler = ContinuousScheduler(backend, pad_id, max_rows)
         scheduler.warm_up()
         return scheduler
-    return SerialScheduler(Generator(backend, pad_id), queue_cap)
+    return SerialScheduler(Generator(backend, pad_id))
