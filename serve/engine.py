@@ -9,6 +9,7 @@ the scheduler stepped, where item is a step's tokens, "started" (the job left th
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import multiprocessing
@@ -212,12 +213,12 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
     results = [r for _, r in channels]
     try:
         backend = open_named_backend(RunDir(spec.run), spec.backend, spec.precision, torch.device(spec.device))
+        outbox = Outbox(results)
         # the HTTP processes cap the queue (EngineClient): the engine takes whatever it is sent
-        scheduler = make_scheduler(backend, pad_id, spec.max_rows, spec.continuous)
+        scheduler = make_scheduler(backend, pad_id, spec.max_rows, spec.continuous, outbox.flush)
     except Exception as e:  # a UserError names the option; anything else says what it was
         results[0].send(("failed", str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"))
         return
-    outbox = Outbox(results)
     results[0].send(("ready", {"backend": backend.name, "precision": backend.precision, "device": str(backend.device),
                                "context": backend.n_positions,
                                "scheduler": "continuous" if isinstance(scheduler, ContinuousScheduler) else "serial"}))
@@ -249,20 +250,23 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
 
 
 class Outbox:
-    """What the scheduler delivers, sent to each HTTP process in one message per batch that gathered
-    while the sender was busy: a pipe write per job and step would cost the scheduler thread more than
-    a step."""
+    """What the scheduler delivers, sent to each HTTP process in one message per step (or per batch
+    of steps that gathered while the sender was busy): `put` only appends, `flush` (the scheduler's,
+    once a step's deliveries are all in) wakes the sender. A pipe write, or a wake-up, per job and
+    step cost the scheduler thread more than a step (docs/performance.md)."""
 
     def __init__(self, results: list):
-        self.results, self.pending, self.ready = results, [], threading.Condition()
+        self.results, self.pending, self.wake = results, collections.deque(), threading.Event()
 
     def put(self, key: tuple[int, int], item: object) -> None:
         if isinstance(item, Exception) and not isinstance(item, UserError):
             traceback.print_exception(item)  # the server log has the details; the client gets its type
             item = RuntimeError(f"{type(item).__name__}: {item}")
-        with self.ready:
-            self.pending.append((key, item))
-            self.ready.notify()
+        self.pending.append((key, item))  # deque: appends and pops from two threads need no lock
+
+    def flush(self) -> None:
+        if self.pending and not self.wake.is_set():
+            self.wake.set()
 
     def deliverer(self, key: tuple[int, int], jobs: dict) -> Callable[[object], None]:
         def deliver(item: object) -> None:
@@ -273,12 +277,11 @@ class Outbox:
 
     def run(self) -> None:
         while True:
-            with self.ready:
-                while not self.pending:
-                    self.ready.wait()
-                batch, self.pending = self.pending, []
+            self.wake.wait()
+            self.wake.clear()  # before taking: what is put after it comes with the next flush
             by_channel: dict[int, list] = {}
-            for (channel, job_id), item in batch:
+            while self.pending:
+                (channel, job_id), item = self.pending.popleft()
                 by_channel.setdefault(channel, []).append((job_id, item))
             for channel, items in by_channel.items():
                 try:

@@ -63,9 +63,11 @@ class Job:
 class SchedulerBase:
     """The queue and the thread; a subclass runs what is queued (serve) and calls `started` as a job
     leaves the waiting ones (to run, or cancelled before it ran), also one the scheduler took from
-    the queue to wait for rows: the waiting-queue cap counts on it (serve.engine)."""
+    the queue to wait for rows: the waiting-queue cap counts on it (serve.engine). `flush` is called
+    once what a step delivered is all delivered: a consumer that batches deliveries sends them then."""
 
-    def __init__(self):
+    def __init__(self, flush: Callable[[], None] = lambda: None):
+        self.flush = flush
         self.waiting: queue.Queue[Job] = queue.Queue()
         self.thread = threading.Thread(target=self.serve, name="scheduler", daemon=True)
 
@@ -87,24 +89,28 @@ class SerialScheduler(SchedulerBase):
     """One job at a time, its prompts batched, through the Generator: for backends without
     control over single rows of their cache (torch, ort, trt)."""
 
-    def __init__(self, generator: Generator):
-        super().__init__()
+    def __init__(self, generator: Generator, flush: Callable[[], None] = lambda: None):
+        super().__init__(flush)
         self.generator = generator
 
     def serve(self) -> None:
         while True:
             job = self.waiting.get()
             self.started(job)
-            if job.cancelled.is_set():
-                continue
-            try:
-                for token in self.generator.stream(job.prompts, job.sampling):
-                    if job.cancelled.is_set():
-                        break
-                    job.deliver(token.tolist())
-                job.deliver(None)
-            except Exception as e:  # handed to the job that caused it; the scheduler goes on
-                job.deliver(e)
+            if not job.cancelled.is_set():
+                self.run(job)
+            self.flush()
+
+    def run(self, job: Job) -> None:
+        try:
+            for token in self.generator.stream(job.prompts, job.sampling):
+                if job.cancelled.is_set():
+                    break
+                job.deliver(token.tolist())
+                self.flush()
+            job.deliver(None)
+        except Exception as e:  # handed to the job that caused it; the scheduler goes on
+            job.deliver(e)
 
 
 @dataclass(eq=False)
@@ -162,8 +168,9 @@ class ContinuousScheduler(SchedulerBase):
     joins, leaves) overlaps the device's. A row that stops at a stop token is seen one step late and
     computes one step for nothing; a row that reaches its length leaves before it would."""
 
-    def __init__(self, backend: StaticCacheBackend, pad_id: int, max_rows: int = 64):
-        super().__init__()
+    def __init__(self, backend: StaticCacheBackend, pad_id: int, max_rows: int = 64,
+                 flush: Callable[[], None] = lambda: None):
+        super().__init__(flush)
         self.backend, self.pad_id, self.max_rows = backend, pad_id, max_rows
         # room for a row of the longest job to start anywhere up to the model's context
         self.columns = 2 * backend.n_positions
@@ -200,6 +207,7 @@ class ContinuousScheduler(SchedulerBase):
                     for progress in self.running.values():
                         progress.job.deliver(e)
                     self.rows, self.running, self.column, self.unread = [], {}, 0, []
+                self.flush()
 
     def warm_up(self) -> None:
         """Capture every row-count bucket's decode graph, its greedy graph where the backend has one, and
@@ -459,10 +467,11 @@ class ContinuousScheduler(SchedulerBase):
             r.first_slot -= empty
 
 
-def make_scheduler(backend, pad_id: int, max_rows: int = 64, continuous: bool = True) -> SchedulerBase:
+def make_scheduler(backend, pad_id: int, max_rows: int = 64, continuous: bool = True,
+                   flush: Callable[[], None] = lambda: None) -> SchedulerBase:
     """Continuous batching where the backend allows it (and `continuous`), else one job at a time."""
     if continuous and isinstance(backend, StaticCacheBackend):
-        scheduler = ContinuousScheduler(backend, pad_id, max_rows)
+        scheduler = ContinuousScheduler(backend, pad_id, max_rows, flush)
         scheduler.warm_up()
         return scheduler
-    return SerialScheduler(Generator(backend, pad_id))
+    return SerialScheduler(Generator(backend, pad_id), flush)
