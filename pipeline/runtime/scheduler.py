@@ -195,6 +195,8 @@ class ContinuousScheduler(SchedulerBase):
         self.deferred: list[Job] = []  # taken from the queue, waiting for rows or room
         self.held = 0  # steps the deferred jobs have waited to gather
         self.unread: list[Readback] = []  # picked on the device, not yet read by the host
+        # a CPU computes a step as it is launched: nothing to overlap, and reading first delivers sooner
+        self.overlap = backend.device.type == "cuda"
 
     # the loop ---------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -330,11 +332,20 @@ class ContinuousScheduler(SchedulerBase):
         when every row is plain greedy, at most CHUNK_ROWS run and nobody waits), then read and deliver
         what earlier steps and joins picked while it runs."""
         self.retire()
+        if not self.overlap:
+            self.read()
         launched = self.launch() if self.rows else None
+        self.read()
+        if launched:
+            self.unread.append(launched)
+        self.shift(force=False)
+
+    def read(self) -> None:
+        """Deliver what was picked and not yet read, then flush it to the consumer."""
         for readback in self.unread:
             self.take(readback)
-        self.unread = [launched] if launched else []
-        self.shift(force=False)
+        self.unread = []
+        self.flush()
 
     def retire(self) -> None:
         """Rows whose job was cancelled or ended stop and leave; rows whose every token is picked leave

@@ -67,12 +67,16 @@ def serve_jobs(scheduler, jobs, rng: random.Random) -> list[Collected]:
     return results
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["pipelined", "read-first"])
 @pytest.mark.parametrize("shift", [64, 2], ids=["few-shifts", "shift-every-other-step"])
-def test_every_job_gets_the_tokens_it_gets_alone(model, monkeypatch, shift):
+def test_every_job_gets_the_tokens_it_gets_alone(model, monkeypatch, shift, overlap):
     """Four rows for twelve jobs: jobs wait, join mid-run into freed rows, leave at their stop
-    token or length; with a small SHIFT_COLUMNS the rows also move left while they run."""
+    token or length; with a small SHIFT_COLUMNS the rows also move left while they run. Pipelined
+    (a GPU's way: a step's tokens read while the next runs, stops seen a step late) and read first
+    (a CPU's)."""
     monkeypatch.setattr(scheduling, "SHIFT_COLUMNS", shift)
     scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=4)
+    scheduler.overlap = overlap
     moves, shift_rows = [], scheduler.shift
 
     def counted(force):
@@ -94,11 +98,13 @@ def test_every_job_gets_the_tokens_it_gets_alone(model, monkeypatch, shift):
     assert shift == 64 or sum(moves) >= 3  # the rows did move while running
 
 
-def test_a_stop_token_ends_its_row_and_the_row_is_reused(model):
+@pytest.mark.parametrize("overlap", [True, False], ids=["pipelined", "read-first"])
+def test_a_stop_token_ends_its_row_and_the_row_is_reused(model, overlap):
     backend = TorchCompiledBackend(model, "fp32", "cpu", compile=False)
     free = alone(model, [[464, 2068, 7586]], Sampling(max_new_tokens=12))[0]
     stop = Sampling(max_new_tokens=12, stop_tokens=(free[3],))
     scheduler = ContinuousScheduler(backend, pad_id=0, max_rows=1)
+    scheduler.overlap = overlap
     scheduler.start()
     results = serve_jobs(scheduler, [([[464, 2068, 7586]], stop), ([[818, 262]], Sampling(max_new_tokens=5))],
                          random.Random(0))
@@ -182,11 +188,13 @@ def test_jobs_arriving_while_rows_run_gather_and_join_in_one_prefill(model, monk
     assert len(scheduler.rows) == 3 + scheduling.JOIN_ROWS and prefills == [1, 2, scheduling.JOIN_ROWS]
 
 
-def test_greedy_rows_with_nobody_waiting_run_chunks_on_the_device(model, monkeypatch):
+@pytest.mark.parametrize("overlap", [True, False], ids=["pipelined", "read-first"])
+def test_greedy_rows_with_nobody_waiting_run_chunks_on_the_device(model, monkeypatch, overlap):
     """All rows plain greedy and the queue empty: GREEDY_CHUNK steps at a time through the backend's
     greedy graph; a stop token inside a chunk still ends the row there."""
     chunks = []
     scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=4)
+    scheduler.overlap = overlap
     run_chunk = scheduler.greedy_chunk
     monkeypatch.setattr(scheduler, "greedy_chunk", lambda size, count: chunks.append(count) or run_chunk(size, count))
     scheduler.start()
