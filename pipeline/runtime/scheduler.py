@@ -177,8 +177,8 @@ class ContinuousScheduler(SchedulerBase):
         self.batch = backend.new_slot(max_rows, self.columns)
         sizes = sorted({b for b in ROW_BUCKETS if b < max_rows} | {max_rows})
         self.buckets = {b: backend.new_slot(b, self.columns, rows_of=self.batch) for b in sizes}
-        # each placed row's next input token and position; rows past the placed ones keep a departed
-        # row's (within the context), which a bucket's idle rows compute from for nothing
+        # each placed row's next input token and position; rows past the placed ones (a bucket's idle
+        # rows, computed for nothing) hold position 0 and a departed row's token
         self.tokens_in = torch.zeros(max_rows, dtype=torch.long, device=backend.device)
         self.positions_in = torch.zeros(max_rows, dtype=torch.long, device=backend.device)
         # prefills run into a cache of their own, views of it per row bucket, each prompt padded to a width
@@ -209,6 +209,7 @@ class ContinuousScheduler(SchedulerBase):
                     for progress in self.running.values():
                         progress.job.deliver(e)
                     self.rows, self.running, self.column, self.unread = [], {}, 0, []
+                    self.positions_in.zero_()  # every row idle now (leave's reason)
                 self.flush()
 
     def warm_up(self) -> None:
@@ -455,6 +456,9 @@ class ContinuousScheduler(SchedulerBase):
             for t in (self.batch.slot_mask, self.tokens_in, self.positions_in):
                 t[index].copy_(t[last])
             self.rows[index] = self.rows[last]
+        # the freed row is a bucket's idle row from now on: a greedy chunk advances its position too,
+        # which from a departed row's last one could pass the context
+        self.positions_in[last].zero_()
         self.rows.pop()
         if not self.rows:
             self.column = 0

@@ -224,3 +224,22 @@ def test_a_failing_prefill_ends_its_jobs_and_the_scheduler_goes_on(model, monkey
     assert broken.done.wait(30) and isinstance(broken.error, RuntimeError)
     scheduler.submit(Job([[818, 262]], Sampling(max_new_tokens=3), fine))
     assert fine.done.wait(30) and fine.rows(()) == alone(model, [[818, 262]], Sampling(max_new_tokens=3))
+
+
+def test_idle_rows_of_a_bucket_never_run_past_the_context(model):
+    """A row that fills the whole context leaves first; three rows stay, so the 4-row bucket has an
+    idle row, and greedy chunks advance every row of the bucket, the idle one too: its position must
+    start from 0, not from the departed row's last one. Driven step by step (no thread)."""
+    scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=4)
+    context = model.config.n_positions
+    jobs = [([[818]], Sampling(max_new_tokens=context - 1)) for _ in range(3)]
+    jobs.append(([[464] * 40], Sampling(max_new_tokens=context - 40)))  # placed last, done first, at the context's end
+    results = [Collected() for _ in jobs]
+    for (prompts, sampling), result in zip(jobs, results):
+        scheduler.submit(Job(prompts, sampling, result))
+    scheduler.admit(wait=False)
+    assert len(scheduler.rows) == 4
+    while scheduler.rows or scheduler.unread:
+        scheduler.step()
+    assert all(r.done.is_set() and r.error is None for r in results)
+    assert [r.rows(()) for r in results] == [alone(model, *job) for job in jobs]
