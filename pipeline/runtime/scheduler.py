@@ -359,6 +359,8 @@ class ContinuousScheduler(SchedulerBase):
         self.settle()
 
     def launch(self) -> Readback:
+        """One step (or a greedy chunk) of every placed row, its tokens picked and fed to the next step
+        on the device, none read here -> their Readback."""
         n = len(self.rows)
         size = min(b for b in self.buckets if b >= n)
         rows = list(self.rows)
