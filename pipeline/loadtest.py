@@ -47,6 +47,7 @@ class LoadSettings:
 
 @dataclass
 class Sample:
+    started: float  # perf_counter when the request was sent
     ttft: float
     itls: list[float]  # gaps between a request's stream chunks, as vLLM's benchmark counts them
     e2e: float
@@ -132,7 +133,7 @@ async def one_request(client, settings: LoadSettings, model: str, prompt: str, r
     if not marks:
         run.error("no tokens")
         return
-    run.samples.append(Sample(marks[0] - started, list(np.diff(marks)), time.perf_counter() - started, tokens))
+    run.samples.append(Sample(started, marks[0] - started, list(np.diff(marks)), time.perf_counter() - started, tokens))
 
 
 async def closed_loop(settings: LoadSettings, model: str, clients: int, prompts: list[str], stop: float,
@@ -171,14 +172,17 @@ def percentiles(values: list[float], scale: float = 1e3) -> dict[str, float | No
 
 
 def summarise(run: Run, level: dict, window: tuple[float, float]) -> dict:
+    """Tokens/s from the tokens that arrived within the window; latencies of the requests sent within
+    it (not the warm-up's, whose first requests all start at once, nor those sent after it)."""
     begin, end = window
     counted = sum(begin <= t < end for t in run.arrivals)
-    return {**level, "requests": len(run.samples), "errors": run.errors,
-            "tokens_per_s": counted / (end - begin), "ttft_ms": percentiles([s.ttft for s in run.samples]),
-            "itl_ms": percentiles([x for s in run.samples for x in s.itls]),
-            "tpot_ms": percentiles([s.tpot for s in run.samples if s.tpot is not None]),
-            "e2e_ms": percentiles([s.e2e for s in run.samples]),
-            "tokens_per_request": float(np.mean([s.tokens for s in run.samples])) if run.samples else None}
+    samples = [s for s in run.samples if begin <= s.started < end]
+    return {**level, "requests": len(samples), "errors": run.errors,
+            "tokens_per_s": counted / (end - begin), "ttft_ms": percentiles([s.ttft for s in samples]),
+            "itl_ms": percentiles([x for s in samples for x in s.itls]),
+            "tpot_ms": percentiles([s.tpot for s in samples if s.tpot is not None]),
+            "e2e_ms": percentiles([s.e2e for s in samples]),
+            "tokens_per_request": float(np.mean([s.tokens for s in samples])) if samples else None}
 
 
 def server_info(url: str) -> dict:
@@ -205,10 +209,8 @@ def loadtest(settings: LoadSettings) -> dict:
     levels = [{"rate": settings.rate}] if settings.rate else [{"concurrency": c} for c in settings.concurrency]
     rows = []
     for level in levels:
-        begin = time.perf_counter() + settings.warmup_s
-        stop = begin + settings.duration_s
-        run, workers = run_level(settings, server["model"], level, prompts, stop)
-        rows.append({**summarise(run, level, (begin, stop)), "client_processes": workers})
+        run, workers, window = run_level(settings, server["model"], level, prompts)
+        rows.append({**summarise(run, level, window), "client_processes": workers})
         r = rows[-1]
         console.print(f"loadtest {level}: {r['tokens_per_s']:,.0f} tokens/s, {r['requests']} requests, "
                       f"TTFT p50 {fmt(r['ttft_ms']['p50'])} ms, ITL p50 {fmt(r['itl_ms']['p50'], '.3f')} ms, "
@@ -217,9 +219,11 @@ def loadtest(settings: LoadSettings) -> dict:
     return {"settings": asdict(settings), "server": server, "client": environment(torch.device("cpu")), "rows": rows}
 
 
-def run_level(settings: LoadSettings, model: str, level: dict, prompts: list[str], stop: float) -> tuple[Run, int]:
-    """One load level, its clients (or arrival rate) split over worker processes. perf_counter is the
-    system's monotonic clock on Linux, so the workers' times compare with this process's window."""
+def run_level(settings: LoadSettings, model: str, level: dict, prompts: list[str]) -> tuple[Run, int, tuple[float, float]]:
+    """One load level, its clients (or arrival rate) split over worker processes, started before the
+    warm-up's clock runs (a process takes seconds to start where torch is large). perf_counter is the
+    system's monotonic clock on Linux, so the workers' times compare with this process's window.
+    -> (what was recorded, the processes, the measured window)"""
     load = level.get("concurrency") or level["rate"]
     per = CLIENTS_PER_WORKER if "concurrency" in level else RATE_PER_WORKER
     workers = max(1, min(settings.workers or -(-int(load) // int(per)) or 1, os.cpu_count() or 1))
@@ -229,14 +233,31 @@ def run_level(settings: LoadSettings, model: str, level: dict, prompts: list[str
                   for i in range(workers)]
     else:
         shares = [{"rate": level["rate"] / workers} for _ in range(workers)]
-    jobs = [(settings, model, share, prompts, stop, settings.seed + i) for i, share in enumerate(shares)]
+    def window() -> tuple[float, float]:
+        begin = time.perf_counter() + settings.warmup_s
+        return begin, begin + settings.duration_s
+
     if workers == 1:
-        return client_worker(*jobs[0]), 1
+        begin, stop = window()
+        return client_worker(settings, model, shares[0], prompts, stop, settings.seed), 1, (begin, stop)
     run = Run()
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(start_worker, [STARTED_S] * workers))
+        begin, stop = window()
+        jobs = [(settings, model, share, prompts, stop, settings.seed + i) for i, share in enumerate(shares)]
         for part in pool.map(client_worker, *zip(*jobs)):
             run.merge(part)
-    return run, workers
+    return run, workers, (begin, stop)
+
+
+STARTED_S = 0.5  # how long each process's first task holds it: long enough that every process gets one
+
+
+def start_worker(hold_s: float) -> None:
+    """A client process's first task: what the clients import, imported before the warm-up starts."""
+    import httpx  # noqa: F401
+
+    time.sleep(hold_s)
 
 
 def client_worker(settings: LoadSettings, model: str, share: dict, prompts: list[str], stop: float, seed: int) -> Run:
@@ -256,7 +277,8 @@ def markdown(result: dict) -> str:
              f"on {server.get('device', '?')}", "",
              f"{st['url']}; prompt ~{st['prompt_tokens']} tokens, {st['max_tokens']} new tokens"
              f"{' (EOS ignored)' if st['ignore_eos'] else ''}, spread {st['spread']}; {st['duration_s']:g} s per level "
-             f"after {st['warmup_s']:g} s of warm-up; streaming clients", "",
+             f"after {st['warmup_s']:g} s of warm-up; streaming clients; latencies of the requests sent in those "
+             f"{st['duration_s']:g} s", "",
              "| load | requests | errors | tokens/s | TTFT ms p50 / p90 / p99 | ITL ms p50 / p90 / p99 | TPOT ms p50 / p90 / p99 | end to end ms p50 / p90 / p99 |",
              "|---|---:|---:|---:|---|---|---|---|"]
     for r in result["rows"]:

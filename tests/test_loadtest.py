@@ -49,3 +49,14 @@ def test_a_poisson_rate_and_a_missing_server(server, tmp_path):
     assert result["rows"][0]["rate"] == 5.0 and result["rows"][0]["requests"] >= 1
     with pytest.raises(UserError, match="no OpenAI-compatible server answers there"):
         loadtest(LoadSettings("http://127.0.0.1:9", duration_s=1.0))
+
+
+def test_latencies_are_of_the_requests_sent_in_the_measured_window():
+    """The warm-up's requests (all clients start at once) and those sent after the window count toward
+    neither the latencies nor the requests; tokens/s counts the tokens that arrived inside it."""
+    from pipeline.loadtest import Run, Sample, summarise
+
+    run = Run(arrivals=[0.5, 1.5, 2.5, 3.5],
+              samples=[Sample(0.2, 0.9, [0.1], 1.0, 2), Sample(1.2, 0.01, [0.02], 0.05, 2), Sample(3.2, 0.9, [0.1], 1.0, 2)])
+    row = summarise(run, {"concurrency": 1}, (1.0, 3.0))
+    assert row["requests"] == 1 and row["ttft_ms"]["p50"] == pytest.approx(10.0) and row["tokens_per_s"] == 1.0
