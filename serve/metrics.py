@@ -53,24 +53,23 @@ class ServeMetrics:
         self.e2e = Histogram(f"{PREFIX}_request_duration_seconds", "From a request's arrival to its last token",
                              buckets=REQUEST_BUCKETS, registry=registry)
         self.gpu = GpuCollector.open(gpu_index) if gpu_index is not None else None
+        if self.gpu is not None:
+            registry.register(self.gpu)
 
     def load(self, waiting: int, running: int) -> None:
         self.waiting.set(waiting)
         self.running.set(running)
 
     def exposition(self) -> bytes:
-        """The text a scrape gets: this process's figures, or every HTTP process's summed."""
-        registry = self.registry
-        if self.shared:
-            registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry)
+        """The text a scrape gets: this process's figures, or every HTTP process's summed (a registry
+        of its own per scrape, so concurrent scrapes share nothing)."""
+        if not self.shared:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
         if self.gpu is not None:
             registry.register(self.gpu)
-        try:
-            return generate_latest(registry)
-        finally:
-            if self.gpu is not None:
-                registry.unregister(self.gpu)
+        return generate_latest(registry)
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(reason).inc()
