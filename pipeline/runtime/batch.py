@@ -12,6 +12,12 @@ import torch
 from pipeline.errors import UserError
 
 
+def send(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on the device, copied from page-locked memory so that the host does not wait for
+    the device's queue (a pageable copy does); on a CPU, the tensor itself."""
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+
 @dataclass
 class Batch:
     """Prompts left-padded to one length. host_ids [B, S] int64: the batch's own copy on the host;
@@ -29,9 +35,7 @@ class Batch:
         """The ids on the device, sent on first use (a backend that takes host_ids never needs them),
         from page-locked memory, without waiting: a pageable copy makes the host wait."""
         if self.sent_ids is None:
-            device = self.attention_mask.device
-            host = self.host_ids.pin_memory() if device.type == "cuda" else self.host_ids
-            self.sent_ids = host.to(device, non_blocking=True)
+            self.sent_ids = send(self.host_ids, self.attention_mask.device)
         return self.sent_ids
 
 

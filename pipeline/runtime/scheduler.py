@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.runtime.batch import left_pad
+from pipeline.runtime.batch import left_pad, send
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.sampling import Sampling, next_tokens
 from pipeline.runtime.static.static_backend import PREFILL_GRAPHS, StaticCacheBackend
@@ -60,13 +60,17 @@ class Job:
             self.cancelled.set()
 
 
+def no_flush() -> None:
+    """The default consumer delivers each item as it comes: nothing to flush."""
+
+
 class SchedulerBase:
     """The queue and the thread; a subclass runs what is queued (serve) and calls `started` as a job
     leaves the waiting ones (to run, or cancelled before it ran), also one the scheduler took from
     the queue to wait for rows: the waiting-queue cap counts on it (serve.engine). `flush` is called
     once what a step delivered is all delivered: a consumer that batches deliveries sends them then."""
 
-    def __init__(self, flush: Callable[[], None] = lambda: None):
+    def __init__(self, flush: Callable[[], None] = no_flush):
         self.flush = flush
         self.waiting: queue.Queue[Job] = queue.Queue()
         self.thread = threading.Thread(target=self.serve, name="scheduler", daemon=True)
@@ -89,7 +93,7 @@ class SerialScheduler(SchedulerBase):
     """One job at a time, its prompts batched, through the Generator: for backends without
     control over single rows of their cache (torch, ort, trt)."""
 
-    def __init__(self, generator: Generator, flush: Callable[[], None] = lambda: None):
+    def __init__(self, generator: Generator, flush: Callable[[], None] = no_flush):
         super().__init__(flush)
         self.generator = generator
 
@@ -156,12 +160,6 @@ class Readback:
         return self.host.tolist()
 
 
-def on_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """Host ints to the device without making the host wait for the device's queue (page-locked)."""
-    host = torch.tensor(values, dtype=torch.long)
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
-
-
 class ContinuousScheduler(SchedulerBase):
     """Steps are pipelined: a step's tokens are picked on the device and fed to the next step there, and
     the host reads them only after launching that next step, so the host's per-step work (delivery,
@@ -169,7 +167,7 @@ class ContinuousScheduler(SchedulerBase):
     computes one step for nothing; a row that reaches its length leaves before it would."""
 
     def __init__(self, backend: StaticCacheBackend, pad_id: int, max_rows: int = 64,
-                 flush: Callable[[], None] = lambda: None):
+                 flush: Callable[[], None] = no_flush):
         super().__init__(flush)
         self.backend, self.pad_id, self.max_rows = backend, pad_id, max_rows
         # room for a row of the longest job to start anywhere up to the model's context
@@ -324,7 +322,8 @@ class ContinuousScheduler(SchedulerBase):
         tokens = torch.cat(picked)
         self.tokens_in[joined:len(self.rows)].copy_(tokens)
         # the first generated token's position: the prompt's length
-        self.positions_in[joined:len(self.rows)].copy_(on_device([len(p) for _, _, p in prompts], self.backend.device))
+        lengths = torch.tensor([len(p) for _, _, p in prompts])
+        self.positions_in[joined:len(self.rows)].copy_(send(lengths, self.backend.device))
         self.unread.append(Readback(self.rows[joined:], tokens[:, None]))  # one delivery: every prompt's first token
 
     # stepping ---------------------------------------------------------------------------------
@@ -485,7 +484,7 @@ class ContinuousScheduler(SchedulerBase):
 
 
 def make_scheduler(backend, pad_id: int, max_rows: int = 64, continuous: bool = True,
-                   flush: Callable[[], None] = lambda: None) -> SchedulerBase:
+                   flush: Callable[[], None] = no_flush) -> SchedulerBase:
     """Continuous batching where the backend allows it (and `continuous`), else one job at a time."""
     if continuous and isinstance(backend, StaticCacheBackend):
         scheduler = ContinuousScheduler(backend, pad_id, max_rows, flush)
