@@ -250,7 +250,12 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
           docs: Annotated[bool, typer.Option("--docs", metavar="", help="Also serve /docs and /openapi.json.")] = False) -> None:
     """Serve generation over HTTP: OpenAI's /v1/completions, /generate, /batch_generate, /health, /ready, /metrics."""
     try:
-        from serve.server import http_process_count, serve_here, serve_in_processes
+        from serve.server import (
+            http_process_count,
+            listen,
+            serve_here,
+            serve_in_processes,
+        )
     except ImportError as e:
         raise UserError(f"serving needs the [serve] extra ({e.name} is missing): pip install 'gpt2-deploy[serve]'") from None
     from pipeline.tokenizer import load_tokenizer
@@ -263,14 +268,17 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
     settings, name = cfg.serve, cfg.serve.model_name or cfg.run_name
     spec = EngineSpec(rundir.root.resolve(), backend, precision, str(_device(device)), settings.max_rows, continuous)
     tokenizer, count = load_tokenizer(rundir.checkpoint), http_process_count(settings, spec.device)
-    engine = EngineProcess(spec, tokenizer.eos_token_id, count)
-    console.print(f"serve: {backend} {precision} from {rundir.root} on http://{settings.host}:{settings.port} "
-                  f"(ready in {engine.info['startup_s']:.1f} s, {count} HTTP process{'es' if count > 1 else ''})",
-                  markup=False)
-    if count == 1:
-        serve_here(engine, tokenizer, settings, name, docs)
-    else:
-        raise typer.Exit(serve_in_processes(engine, count, rundir.checkpoint, settings, name, docs))
+    failed = 0
+    with listen(settings) as sock, EngineProcess(spec, tokenizer.eos_token_id, count) as engine:
+        console.print(f"serve: {backend} {precision} from {rundir.root} on http://{settings.host}:{settings.port} "
+                      f"(ready in {engine.info['startup_s']:.1f} s, {count} HTTP process{'es' if count > 1 else ''})",
+                      markup=False)
+        if count == 1:
+            serve_here(engine, sock, tokenizer, settings, name, docs)
+        else:
+            failed = serve_in_processes(engine, sock, count, rundir.checkpoint, settings, name, docs)
+    if failed:
+        raise typer.Exit(failed)
 
 
 @app.command()

@@ -111,11 +111,18 @@ class EngineProcess:
                 end.close()
 
     def close(self) -> None:
-        """The engine stops once every command pipe is closed (its jobs with it)."""
+        """The engine stops once every command pipe is closed (its jobs with it). It ignores SIGTERM
+        (its parent drains first), so a process that exits without closing it would wait on it forever."""
         self.release()
         self.process.join(30)
         if self.process.is_alive():
             self.process.kill()
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
 
 
 class EngineClient:
@@ -134,11 +141,9 @@ class EngineClient:
         self.reader = threading.Thread(target=self.read, name="engine-reader", daemon=True)
         self.reader.start()
 
-    @property
-    def load(self) -> tuple[int, int]:
-        """(jobs waiting to start, jobs running)"""
-        with self.lock:
-            return self.unstarted, len(self.jobs) - self.unstarted
+    def report_load(self) -> None:
+        """(jobs waiting to start, jobs running) to on_load; under self.lock."""
+        self.on_load(self.unstarted, len(self.jobs) - self.unstarted)
 
     def close(self) -> None:
         self.commands.close()
@@ -157,7 +162,7 @@ class EngineClient:
                 self.waiting.value += 1
             job = RemoteJob(next(self.ids), prompts, sampling, deliver, self.send)
             self.jobs[job.id], self.unstarted = job, self.unstarted + 1
-            self.on_load(self.unstarted, len(self.jobs) - self.unstarted)
+            self.report_load()
         self.send(("submit", job.id, prompts, sampling))
         return job
 
@@ -180,7 +185,7 @@ class EngineClient:
                         if changed and item != "started":
                             del self.jobs[job_id]
                         if changed:
-                            self.on_load(self.unstarted, len(self.jobs) - self.unstarted)
+                            self.report_load()
                     if item != "started":
                         job.deliver(item)
         except (EOFError, OSError):
@@ -188,7 +193,7 @@ class EngineClient:
             with self.lock:
                 self.started(self.unstarted)
                 jobs, self.jobs, self.unstarted = list(self.jobs.values()), {}, 0
-                self.on_load(0, 0)
+                self.report_load()
             for job in jobs:
                 job.deliver(RuntimeError("the engine process stopped"))
 

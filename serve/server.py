@@ -23,6 +23,7 @@ import uvicorn
 from prometheus_client import multiprocess
 
 from pipeline.config import ServeConfig
+from pipeline.errors import UserError
 from serve.app import Service, create_service
 from serve.engine import EngineProcess
 
@@ -67,23 +68,30 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def run_http(service: Service, settings: ServeConfig, sock: socket.socket | None = None) -> None:
+def listen(settings: ServeConfig) -> socket.socket:
+    """The listening socket, bound before the engine starts: a port in use is a one-line error at once,
+    not one after the start-up (uvicorn and every HTTP process take this socket)."""
+    try:
+        return socket.create_server((settings.host, settings.port), backlog=BACKLOG)
+    except OSError as e:
+        raise UserError(f"--port {settings.port}: cannot listen on {settings.host}:{settings.port} ({os.strerror(e.errno)}); "
+                        "choose another port or stop what holds it") from None
+
+
+def run_http(service: Service, settings: ServeConfig, sock: socket.socket, supervised: bool) -> None:
     config = uvicorn.Config(service.asgi, host=settings.host, port=settings.port, log_level="warning",
                             timeout_graceful_shutdown=FORCED_CLOSE_S, backlog=BACKLOG)
     try:
-        DrainingServer(config, service, settings.drain_s, supervised=sock is not None).run(
-            sockets=None if sock is None else [sock])
+        DrainingServer(config, service, settings.drain_s, supervised).run(sockets=[sock])
     finally:
         service.engine.close()
 
 
-def serve_here(engine: EngineProcess, tokenizer, settings: ServeConfig, model_name: str, docs: bool) -> None:
+def serve_here(engine: EngineProcess, sock: socket.socket, tokenizer, settings: ServeConfig, model_name: str,
+               docs: bool) -> None:
     """One HTTP process: this one."""
-    try:
-        run_http(create_service(engine.channels[0], engine.info, engine.waiting, tokenizer, settings, model_name, docs),
-                 settings)
-    finally:
-        engine.close()
+    run_http(create_service(engine.channels[0], engine.info, engine.waiting, tokenizer, settings, model_name, docs),
+             settings, sock, supervised=False)
 
 
 def http_main(channel: tuple, info: dict, waiting, sock: socket.socket, checkpoint: Path, settings: ServeConfig,
@@ -91,14 +99,14 @@ def http_main(channel: tuple, info: dict, waiting, sock: socket.socket, checkpoi
     """An HTTP process of several: its own app and tokenizer, on the shared socket."""
     from pipeline.tokenizer import load_tokenizer
 
-    run_http(create_service(channel, info, waiting, load_tokenizer(checkpoint), settings, model_name, docs), settings, sock)
+    run_http(create_service(channel, info, waiting, load_tokenizer(checkpoint), settings, model_name, docs), settings,
+             sock, supervised=True)
 
 
-def serve_in_processes(engine: EngineProcess, count: int, checkpoint: Path, settings: ServeConfig, model_name: str,
-                       docs: bool) -> int:
-    """`count` HTTP processes on one listening socket, each with its channel to the engine; their
+def serve_in_processes(engine: EngineProcess, sock: socket.socket, count: int, checkpoint: Path, settings: ServeConfig,
+                       model_name: str, docs: bool) -> int:
+    """`count` HTTP processes on the listening socket, each with its channel to the engine; their
     metrics are summed through files in a folder of their own. -> the exit code."""
-    sock = socket.create_server((settings.host, settings.port), backlog=BACKLOG)
     metrics = tempfile.mkdtemp(prefix="gpt2deploy-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics  # read as the HTTP processes import prometheus-client
     context = multiprocessing.get_context("spawn")
@@ -110,7 +118,6 @@ def serve_in_processes(engine: EngineProcess, count: int, checkpoint: Path, sett
         for process in processes:
             process.start()
         engine.release()
-        sock.close()
 
         def stop_all(*_) -> None:
             for process in processes:
@@ -134,5 +141,4 @@ def serve_in_processes(engine: EngineProcess, count: int, checkpoint: Path, sett
         for process in processes:
             if process.is_alive():
                 process.kill()
-        engine.close()
         shutil.rmtree(metrics, ignore_errors=True)

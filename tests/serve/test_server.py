@@ -3,11 +3,15 @@ and the process exits 0."""
 
 import json
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
+from tests.conftest import MICRO
 from tests.serve.conftest import start_server
 
 httpx = pytest.importorskip("httpx", reason="the [serve] extra is not installed")
@@ -69,3 +73,18 @@ def test_several_http_processes_relay_one_engine_sum_their_metrics_and_drain(exp
     assert proc.wait(timeout=30) == 0, (tmp_path / "server.log").read_text()
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{url}/health", timeout=2)
+
+
+def test_a_port_in_use_is_one_line_before_the_engine_starts(exported_run, tmp_path):
+    _, run, _ = exported_run
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--artifacts", str(run.root.parent), "--run", run.root.name,
+               "--device", "cpu", "--backend", "ort", "--precision", "fp32", "--port", str(port), "--http-processes", "2",
+               *[x for s in MICRO for x in ("--set", s)]]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [f"error: --port {port}: cannot listen on 127.0.0.1:{port} "
+                                                "(Address already in use); choose another port or stop what holds it"]
