@@ -91,18 +91,24 @@ class EngineProcess:
         for ends in child_ends:
             for end in ends:
                 end.close()
+        try:
+            self.info = {**self.wait_ready(), "startup_s": round(time.perf_counter() - started, 3)}
+        except BaseException:  # a failed start, or Ctrl-C during it: the engine ignores SIGINT and SIGTERM
+            self.process.kill()
+            raise
+
+    def wait_ready(self) -> dict:
+        """What the engine runs, once it is ready; a UserError if it fails or exits first."""
         first = self.channels[0][1]
         if not first.poll(START_TIMEOUT_S):
-            self.process.kill()
             raise UserError(f"the engine did not start in {START_TIMEOUT_S} s")
         try:
             kind, detail = first.recv()
         except EOFError:
             raise UserError(f"the engine process exited while starting (exit code {self.process.join(5) or self.process.exitcode})") from None
         if kind == "failed":
-            self.process.join(5)
             raise UserError(detail)
-        self.info = {**detail, "startup_s": round(time.perf_counter() - started, 3)}
+        return detail
 
     def release(self) -> None:
         """This process's copies of the channels closed, once HTTP processes hold theirs."""
