@@ -6,6 +6,7 @@ before they start) sums every process's figures into each scrape."""
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 
@@ -66,7 +67,7 @@ class ServeMetrics:
         if not self.shared:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        registry.register(SharedFiles(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
         if self.gpu is not None:
             registry.register(self.gpu)
         return generate_latest(registry)
@@ -74,6 +75,19 @@ class ServeMetrics:
     def reject(self, reason: str) -> None:
         self.rejected.labels(reason).inc()
         self.requests.labels("rejected").inc()
+
+
+class SharedFiles:
+    """prometheus-client's multiprocess collector over the files that have their header: a process that
+    is starting creates each file empty before it writes one, and reading it then failed the scrape
+    (a 500 while another HTTP process started)."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def collect(self):
+        files = [f for f in glob.glob(os.path.join(self.folder, "*.db")) if os.path.getsize(f) > 0]
+        return multiprocess.MultiProcessCollector.merge(files, accumulate=True)
 
 
 class GpuCollector:

@@ -5,7 +5,9 @@ loop at a full core was the limit at 64 streaming clients (docs/performance.md, 
 The drain: on SIGTERM (or Ctrl-C) /ready turns false and new generation requests get 503 while
 those in flight finish, for at most `drain_s`; then the server stops and the process exits 0. A
 second signal stops it at once. With several HTTP processes this process supervises: it forwards
-the signal to each, and exits once all have (non-zero if one failed)."""
+the signal to each, and exits once all have (non-zero if one failed). An HTTP process starts with
+those signals blocked and takes them once its server's handlers are in place, so a signal during
+its start-up drains it too rather than killing it."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from serve.engine import EngineProcess
 GPU_HTTP_PROCESSES = 4  # 64 streaming clients: 1 -> 4 processes took 38,156 -> 50,996 tokens/s, 8 no more
 FORCED_CLOSE_S = 5  # after the drain: what uvicorn still gives open connections before closing them
 BACKLOG = 2048  # uvicorn's own default: connections the kernel holds until a process accepts them
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 def http_process_count(settings: ServeConfig, device: str) -> int:
@@ -58,6 +61,11 @@ class DrainingServer(uvicorn.Server):
             self.service.admission.draining = True
         else:
             self.should_exit = self.force_exit = True
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.supervised:  # uvicorn's handlers are in place (serve_in_processes blocked the signals)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     async def on_tick(self, counter: int) -> bool:
         if self.supervised and self.drain_started is None and os.getppid() != self.supervisor:
@@ -114,18 +122,24 @@ def serve_in_processes(engine: EngineProcess, sock: socket.socket, count: int, c
                                  args=(engine.channels[i], engine.info, engine.waiting, sock, checkpoint, settings,
                                        model_name, docs))
                  for i in range(count)]
-    try:
+
+    def stop_all(*_) -> None:
         for process in processes:
-            process.start()
-        engine.release()
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGTERM)
 
-        def stop_all(*_) -> None:
+    # the HTTP processes inherit the blocked signals (DrainingServer.startup takes them), and one sent
+    # here meanwhile waits for stop_all
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        try:
             for process in processes:
-                if process.is_alive():
-                    os.kill(process.pid, signal.SIGTERM)
-
-        signal.signal(signal.SIGTERM, stop_all)
-        signal.signal(signal.SIGINT, stop_all)
+                process.start()
+            engine.release()
+            signal.signal(signal.SIGTERM, stop_all)
+            signal.signal(signal.SIGINT, stop_all)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         running, failed = list(processes), False
         while running:
             ended = wait([p.sentinel for p in running])

@@ -5,7 +5,7 @@ that wait in a queue.
   a step boundary waiting jobs join the running batch (their prefill runs apart, and its keys and
   values are copied into free rows; jobs arriving while rows run gather for a few steps, so that
   one prefill takes several), one decode step advances every running row, and a finished or
-  cancelled row leaves at once, its row reused. Each row keeps its own position,
+  cancelled row leaves at once, its cache row free for the next join. Each row keeps its own position,
   sampling, seed, stop tokens and length, so greedy and sampled rows share a batch. Steps are
   pipelined: the host reads a step's tokens while the next step runs (ContinuousScheduler).
 - SerialScheduler (every other backend): one job at a time through the Generator.
@@ -119,10 +119,11 @@ class SerialScheduler(SchedulerBase):
 
 @dataclass(eq=False)
 class Row:
-    """One prompt of a running job; its cache row is its place in ContinuousScheduler.rows, and its next
-    input token and position live on the device (ContinuousScheduler.tokens_in / positions_in)."""
+    """One prompt of a running job, in cache row `index` (ContinuousScheduler.placed); its next input
+    token and position live on the device (ContinuousScheduler.tokens_in / positions_in)."""
     job: Job
     prompt: int  # which of the job's prompts
+    index: int  # its cache row
     first_slot: int  # the cache column of its first prompt token
     random: torch.Generator | None
     seen: torch.Tensor | None  # prompt and picked ids on the device, for the repetition penalty
@@ -144,8 +145,8 @@ class Readback:
     """Tokens picked on the device, copied to page-locked host memory without waiting: the host reads
     them (tolist) after it has launched the next step, so the device never waits for the host."""
 
-    def __init__(self, rows: list[Row], tokens: torch.Tensor):
-        self.rows = rows  # the rows as they were placed when the tokens were picked: tokens [len(rows), steps]
+    def __init__(self, rows: list[Row | None], tokens: torch.Tensor):
+        self.rows = rows  # the rows as they were placed when the tokens were picked (None: free): tokens [len(rows), steps]
         if tokens.device.type == "cuda":
             self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             self.host.copy_(tokens, non_blocking=True)
@@ -175,10 +176,11 @@ class ContinuousScheduler(SchedulerBase):
         self.batch = backend.new_slot(max_rows, self.columns)
         sizes = sorted({b for b in ROW_BUCKETS if b < max_rows} | {max_rows})
         self.buckets = {b: backend.new_slot(b, self.columns, rows_of=self.batch) for b in sizes}
-        # each placed row's next input token and position; rows past the placed ones (a bucket's idle
-        # rows, computed for nothing) hold position 0 and a departed row's token
+        # each placed row's next input token and position; free rows (a bucket's idle rows, computed for
+        # nothing) hold position 0 and a departed row's token, and `live` 0 keeps their position there
         self.tokens_in = torch.zeros(max_rows, dtype=torch.long, device=backend.device)
         self.positions_in = torch.zeros(max_rows, dtype=torch.long, device=backend.device)
+        self.live = torch.zeros(max_rows, dtype=torch.long, device=backend.device)
         # prefills run into a cache of their own, views of it per row bucket, each prompt padded to a width
         # bucket: few prompt shapes, all captured at start-up (warm_up), none on a request's path
         joins = sorted({b for b in ROW_BUCKETS if b < min(JOIN_ROWS, max_rows)} | {min(JOIN_ROWS, max_rows)})
@@ -187,7 +189,9 @@ class ContinuousScheduler(SchedulerBase):
         per_graph = -(-backend.n_positions // PREFILL_GRAPHS)  # at most PREFILL_GRAPHS widths, each a multiple of 16
         step = -(-per_graph // 16) * 16
         self.widths = sorted({min(w, backend.n_positions) for w in range(step, backend.n_positions + step, step)})
-        self.rows: list[Row] = []
+        # cache row -> its Row, None where free: a row that leaves frees its cache row where it is (the
+        # next join fills it) rather than moving another into it, which cost 27 copies (docs/performance.md)
+        self.placed: list[Row | None] = []
         self.running: dict[Job, Running] = {}
         self.column = 0  # the slot every row writes next
         self.deferred: list[Job] = []  # taken from the queue, waiting for rows or room
@@ -196,18 +200,24 @@ class ContinuousScheduler(SchedulerBase):
         # a CPU computes a step as it is launched: nothing to overlap, and reading first delivers sooner
         self.overlap = backend.device.type == "cuda"
 
+    @property
+    def rows(self) -> list[Row]:
+        """The running rows, in cache-row order."""
+        return [r for r in self.placed if r is not None]
+
     # the loop ---------------------------------------------------------------------------------
     def serve(self) -> None:
         with torch.inference_mode():
             while True:
                 try:
-                    self.admit(wait=not self.rows and not self.unread)
+                    self.admit(wait=not self.placed and not self.unread)
                     self.step()
                 except Exception as e:  # every running job learns of it; the scheduler goes on
                     for progress in self.running.values():
                         progress.job.deliver(e)
-                    self.rows, self.running, self.column, self.unread = [], {}, 0, []
-                    self.positions_in.zero_()  # every row idle now (leave's reason)
+                    self.placed, self.running, self.column, self.unread = [], {}, 0, []
+                    self.positions_in.zero_()  # every row free now (leave's reason)
+                    self.live.zero_()
                 self.flush()
 
     def warm_up(self) -> None:
@@ -255,7 +265,7 @@ class ContinuousScheduler(SchedulerBase):
             self.deferred.remove(job)
             self.started(job)
         waiting = sum(len(job.prompts) for job in self.deferred)
-        if not waiting or (self.rows and waiting < JOIN_ROWS and self.held < JOIN_EVERY):
+        if not waiting or (self.placed and waiting < JOIN_ROWS and self.held < JOIN_EVERY):
             self.held = self.held + 1 if waiting else 0
             return
         joining, free, width = [], self.max_rows - len(self.rows), 0
@@ -293,38 +303,47 @@ class ContinuousScheduler(SchedulerBase):
 
     def join(self, jobs: list[Job]) -> None:
         """Prefill the jobs' prompts apart from the running rows, JOIN_ROWS at a time, copy their keys
-        and values into the next free rows so that every prompt ends at the current column, and pick
-        each prompt's first token on the device (read with the next step's launch in flight)."""
+        and values into free cache rows (the lowest first) so that every prompt ends at the current
+        column, and pick each prompt's first token on the device (read with the next step's launch in
+        flight)."""
         prompts = [(job, k, p) for job in jobs for k, p in enumerate(job.prompts)]
         column = max(self.column, max(self.width_of([p]) for _, _, p in prompts))
         # running rows skip the columns up to the new one: those columns may hold marks of rows gone
-        self.batch.slot_mask[:len(self.rows), self.column:column] = False
+        self.batch.slot_mask[:len(self.placed), self.column:column] = False
         self.column = column
         for job in jobs:
             self.running[job] = Running(job, [self.pad_id] * len(job.prompts), len(job.prompts))
-        picked, joined = [], len(self.rows)
+        free = [i for i, r in enumerate(self.placed) if r is None]
+        indices = (free + list(range(len(self.placed), self.max_rows)))[:len(prompts)]
+        self.placed += [None] * (max(indices) + 1 - len(self.placed))
+        where = send(torch.tensor(indices), self.backend.device)
+        picked, joined = [], []
         for start in range(0, len(prompts), JOIN_ROWS):
             chunk = prompts[start:start + JOIN_ROWS]
             width = self.width_of([p for _, _, p in chunk])
             logits, mask, prefilled = self.prefill([p for _, _, p in chunk], width)
-            first, window = len(self.rows), slice(self.column - width, self.column)
+            into, window = where[start:start + len(chunk)], slice(self.column - width, self.column)
             for big, small in zip(self.batch.cache, prefilled.cache):
-                big[first:first + len(chunk), :, window].copy_(small[:len(chunk), :, :width])
-            marks = self.batch.slot_mask[first:first + len(chunk)]
-            marks.zero_()
-            marks[:, window].copy_(mask)
-            for job, k, prompt in chunk:
+                big[:, :, window].index_copy_(0, into, small[:len(chunk), :, :width])
+            marks = self.batch.slot_mask
+            marks.index_fill_(0, into, False)
+            marks[:, window].index_copy_(0, into, mask.to(marks.dtype))
+            rows = []
+            for (job, k, prompt), index in zip(chunk, indices[start:]):
                 s = job.sampling
                 random = torch.Generator(self.backend.device).manual_seed(s.seed) if s.seed is not None else None
                 seen = (torch.tensor([prompt], device=self.backend.device) if s.repetition_penalty != 1.0 else None)
-                self.rows.append(Row(job, k, self.column - len(prompt), random, seen))
-            picked.append(self.pick(self.rows[first:], logits))
+                self.placed[index] = Row(job, k, index, self.column - len(prompt), random, seen)
+                rows.append(self.placed[index])
+            picked.append(self.pick(rows, logits))
+            joined += rows
         tokens = torch.cat(picked)
-        self.tokens_in[joined:len(self.rows)].copy_(tokens)
+        self.tokens_in.index_copy_(0, where, tokens)
         # the first generated token's position: the prompt's length
         lengths = torch.tensor([len(p) for _, _, p in prompts])
-        self.positions_in[joined:len(self.rows)].copy_(send(lengths, self.backend.device))
-        self.unread.append(Readback(self.rows[joined:], tokens[:, None]))  # one delivery: every prompt's first token
+        self.positions_in.index_copy_(0, where, send(lengths, self.backend.device))
+        self.live.index_fill_(0, where, 1)
+        self.unread.append(Readback(joined, tokens[:, None]))  # one delivery: every prompt's first token
 
     # stepping ---------------------------------------------------------------------------------
     def step(self) -> None:
@@ -334,7 +353,7 @@ class ContinuousScheduler(SchedulerBase):
         self.retire()
         if not self.overlap:
             self.read()
-        launched = self.launch() if self.rows else None
+        launched = self.launch() if self.placed else None
         self.read()
         if launched:
             self.unread.append(launched)
@@ -350,23 +369,25 @@ class ContinuousScheduler(SchedulerBase):
     def retire(self) -> None:
         """Rows whose job was cancelled or ended stop and leave; rows whose every token is picked leave
         (their last tokens are delivered when read)."""
-        for r in [r for r in self.rows if r.job.cancelled.is_set() or r.prompt in r.job.ended]:
-            self.stop(r)
-            self.leave(r)
-        for r in [r for r in self.rows if r.launched >= r.job.sampling.max_new_tokens]:
-            self.leave(r)
+        for r in self.rows:
+            if r.job.cancelled.is_set() or r.prompt in r.job.ended:
+                self.stop(r)
+                self.leave(r)
+            elif r.launched >= r.job.sampling.max_new_tokens:
+                self.leave(r)
         self.settle()
 
     def launch(self) -> Readback:
         """One step (or a greedy chunk) of every placed row, its tokens picked and fed to the next step
-        on the device, none read here -> their Readback."""
-        n = len(self.rows)
-        size = min(b for b in self.buckets if b >= n)
-        rows = list(self.rows)
-        greedy = all(not r.job.sampling.do_sample and r.seen is None for r in rows)
+        on the device, none read here -> their Readback. Free rows among them compute for nothing."""
+        n = len(self.placed)
+        size = self.bucket(n)
+        rows = list(self.placed)
+        running = [r for r in rows if r is not None]
+        greedy = all(not r.job.sampling.do_sample and r.seen is None for r in running)
         quiet = self.waiting.empty() and not self.deferred and n <= CHUNK_ROWS
         if greedy and quiet and self.backend.fused_greedy:
-            count = min([GREEDY_CHUNK] + [r.job.sampling.max_new_tokens - r.launched for r in rows])
+            count = min([GREEDY_CHUNK] + [r.job.sampling.max_new_tokens - r.launched for r in running])
             picked = self.greedy_chunk(size, count)[:n]
             self.tokens_in[:n].copy_(picked[:, -1])
         else:
@@ -376,9 +397,9 @@ class ContinuousScheduler(SchedulerBase):
             tokens = self.pick(rows, logits[:n])
             self.tokens_in[:n].copy_(tokens)
             picked = tokens[:, None]
-        self.positions_in[:n] += count
+        self.positions_in[:n].add_(self.live[:n], alpha=count)
         self.column += count
-        for r in rows:
+        for r in running:
             r.launched += count
         return Readback(rows, picked)
 
@@ -397,11 +418,13 @@ class ContinuousScheduler(SchedulerBase):
         self.backend.slot = self.buckets[size]
         return self.backend.replay_decode(tokens, positions, self.column)
 
-    def pick(self, rows: list[Row], logits: torch.Tensor) -> torch.Tensor:
+    def pick(self, rows: list[Row | None], logits: torch.Tensor) -> torch.Tensor:
         """Each row's next token from its logits, by its own sampling, seed and history, on the device
-        (no wait): -> [len(rows)]."""
+        (no wait): -> [len(rows)] (argmax for a free row)."""
         tokens = logits.argmax(-1)
         for i, r in enumerate(rows):
+            if r is None:
+                continue
             if r.job.sampling.do_sample or r.seen is not None:
                 tokens[i] = next_tokens(logits[i:i + 1], r.seen, r.job.sampling, r.random)[0]
             if r.seen is not None:
@@ -415,7 +438,7 @@ class ContinuousScheduler(SchedulerBase):
         for j in range(len(steps[0]) if steps else 0):
             touched = {}
             for r, tokens in zip(readback.rows, steps):
-                if r.stopped:
+                if r is None or r.stopped:
                     continue
                 token, s = tokens[j], r.job.sampling
                 progress = touched[r.job] = self.running[r.job]
@@ -442,44 +465,66 @@ class ContinuousScheduler(SchedulerBase):
                 progress.live -= 1
 
     def leave(self, row: Row) -> None:
-        """The row leaves the cache: the last row moves into its cache row (cache, marks, next input), so
-        placed rows stay in front. Only the columns the moving row holds are copied (its marks say the
-        others are empty): a whole row of the scheduler's wide cache took 0.22 ms on an H200
-        (docs/performance.md)."""
+        """The row leaves the cache: its cache row is free where it is, for the next join (free rows at
+        the end are dropped), and rows move only where that lets a smaller row bucket run (compact)."""
         if row.left:
             return
         row.left = True
-        index, last = self.rows.index(row), len(self.rows) - 1
-        if index != last:
-            held = slice(self.rows[last].first_slot, self.column)
-            for t in self.batch.cache:
-                t[index, :, held].copy_(t[last, :, held])
-            for t in (self.batch.slot_mask, self.tokens_in, self.positions_in):
-                t[index].copy_(t[last])
-            self.rows[index] = self.rows[last]
-        # the freed row is a bucket's idle row from now on: a greedy chunk advances its position too,
-        # which from a departed row's last one could pass the context
-        self.positions_in[last].zero_()
-        self.rows.pop()
-        if not self.rows:
+        self.placed[row.index] = None
+        self.free(row.index)
+        while self.placed and self.placed[-1] is None:
+            self.placed.pop()
+        if self.placed:
+            self.compact()
+        else:
             self.column = 0
+
+    def free(self, index: int) -> None:
+        """Cache row `index` computes for nothing from now on, at position 0, where `live` keeps it (a
+        greedy chunk still advances it within the chunk): from a departed row's last position it
+        could pass the context."""
+        self.positions_in[index].zero_()
+        self.live[index].zero_()
+
+    def compact(self) -> None:
+        """While the running rows would fit a smaller row bucket than the cache rows they spread over,
+        the last moves into the lowest free one (the columns it holds, its marks and next input): at
+        a bucket's edge only, so a steady load moves nothing. A move cost 27 copies, 0.25 ms of host
+        time a step at 64 rows when every leave moved a row (docs/performance.md)."""
+        count = len(self.rows)
+        while self.bucket(len(self.placed)) > self.bucket(count):
+            hole, last = self.placed.index(None), self.placed.pop()
+            held = slice(last.first_slot, self.column)
+            for t in self.batch.cache:
+                t[hole, :, held].copy_(t[last.index, :, held])
+            for t in (self.batch.slot_mask, self.tokens_in, self.positions_in, self.live):
+                t[hole].copy_(t[last.index])
+            self.free(last.index)
+            last.index, self.placed[hole] = hole, last
+            while self.placed[-1] is None:
+                self.placed.pop()
+
+    def bucket(self, rows: int) -> int:
+        """The smallest row bucket that holds this many cache rows."""
+        return min(b for b in self.buckets if b >= rows)
 
     def shift(self, force: bool) -> None:
         """Move every row left by the empty columns in front of all of them, when there are
         SHIFT_COLUMNS or more of them (or any, with force)."""
-        if not self.rows:
+        rows = self.rows
+        if not rows:
             self.column = 0
             return
-        empty = min(r.first_slot for r in self.rows)
+        empty = min(r.first_slot for r in rows)
         if empty == 0 or (not force and empty < SHIFT_COLUMNS):
             return
-        n, kept = len(self.rows), self.column - empty
+        n, kept = len(self.placed), self.column - empty
         for t in self.batch.cache:
             t[:n, :, :kept].copy_(t[:n, :, empty:self.column].clone())
         marks = self.batch.slot_mask
         marks[:n, :kept].copy_(marks[:n, empty:self.column].clone())
         self.column = kept
-        for r in self.rows:
+        for r in rows:
             r.first_slot -= empty
 
 

@@ -243,3 +243,33 @@ def test_idle_rows_of_a_bucket_never_run_past_the_context(model):
         scheduler.step()
     assert all(r.done.is_set() and r.error is None for r in results)
     assert [r.rows(()) for r in results] == [alone(model, *job) for job in jobs]
+
+
+def test_a_row_that_leaves_frees_its_cache_row_in_place_and_rows_move_only_to_fit_a_smaller_bucket(model):
+    """Driven step by step (no thread), four rows of a 4-row bucket: the second leaves first and its
+    cache row stays free in place (no row moves) until the next join fills it; once two rows are
+    left, the last moves into the lowest free row so the 2-row bucket runs. Every job still gets the
+    tokens it gets alone."""
+    scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=4)
+    jobs = [([[818, 262]], Sampling(max_new_tokens=12)), ([[464]], Sampling(max_new_tokens=2)),
+            ([[2068, 7586]], Sampling(max_new_tokens=4)), ([[262, 818, 11]], Sampling(max_new_tokens=20))]
+    results = [Collected() for _ in jobs]
+    for (prompts, sampling), result in zip(jobs, results):
+        scheduler.submit(Job(prompts, sampling, result))
+    scheduler.admit(wait=False)
+    first, second, third, fourth = scheduler.placed
+    while not second.left:
+        scheduler.step()
+    assert scheduler.placed == [first, None, third, fourth]
+    late = ([[11, 464]], Sampling(max_new_tokens=3))
+    results.append(Collected())
+    scheduler.submit(Job(*late, results[-1]))
+    scheduler.held = scheduling.JOIN_EVERY  # joins at this step rather than gathering
+    scheduler.admit(wait=False)
+    assert scheduler.placed[0] is first and scheduler.placed[2:] == [third, fourth] and scheduler.placed[1].job.prompts == late[0]
+    while len(scheduler.rows) > 2:
+        scheduler.step()
+    assert scheduler.placed == [first, fourth] and fourth.index == 1
+    while scheduler.rows or scheduler.unread:
+        scheduler.step()
+    assert [r.rows(()) for r in results] == [alone(model, *job) for job in [*jobs, late]]

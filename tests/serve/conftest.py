@@ -21,15 +21,42 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(run, log: Path, *options: str):
-    """`gpt2-deploy serve` on the micro model in its own process; (process, url) once /health answers."""
+LAUNCHED: list[subprocess.Popen] = []  # every server started, for no_server_outlives_its_test
+
+
+def launch_server(run, log: Path, *options: str) -> tuple[subprocess.Popen, int]:
+    """`gpt2-deploy serve` on the micro model in its own process, started: (process, port)."""
     port = _free_port()
     cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--artifacts", str(run.root.parent), "--run", run.root.name,
            "--device", "cpu", "--backend", "ort", "--precision", "fp32", "--port", str(port), "--set", "model.n_positions=256",
            *options]
     for s in MICRO:
         cmd += ["--set", s]
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
+    LAUNCHED.append(subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True))
+    return LAUNCHED[-1], port
+
+
+@pytest.fixture(autouse=True)
+def no_server_outlives_its_test():
+    """A server a test started is stopped when the test ends, also when it failed before stopping it
+    (it held its processes, and the cores, through the rest of the run); a module's shared server,
+    started before the test, is its fixture's to stop."""
+    before = len(LAUNCHED)
+    yield
+    for proc in LAUNCHED[before:]:
+        if proc.poll() is None:
+            proc.terminate()  # drains and stops its HTTP and engine processes
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    del LAUNCHED[before:]
+
+
+def start_server(run, log: Path, *options: str):
+    """launch_server's server; (process, url) once /health answers."""
+    proc, port = launch_server(run, log, *options)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:

@@ -64,3 +64,18 @@ def test_a_burst_over_the_queue_cap_gets_exactly_the_excess_429_and_metrics_coun
     assert grew("gpt2deploy_generation_tokens_total") >= QUEUE and grew("gpt2deploy_prompt_tokens_total") >= QUEUE
     assert after[("gpt2deploy_requests_waiting", ())] == 0 and after[("gpt2deploy_requests_running", ())] == 0
     assert not any(name.startswith("gpt2deploy_gpu_") for name, _ in after)  # a CPU server: no NVML metrics
+
+
+def test_a_scrape_leaves_out_a_file_that_a_starting_process_has_only_created(tmp_path):
+    """Several HTTP processes share their figures through files; one that is starting creates each file
+    empty before it writes its header, and a scrape that read it then failed (a 500)."""
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+    from serve.metrics import SharedFiles
+
+    written = MmapedDict(str(tmp_path / "counter_1.db"))
+    written.write_value(mmap_key("gpt2deploy_requests", "gpt2deploy_requests_total", ["outcome"], ["ok"], "Requests"), 3.0, 0.0)
+    written.close()
+    (tmp_path / "counter_2.db").touch()
+    samples = [s for family in SharedFiles(str(tmp_path)).collect() for s in family.samples]
+    assert [(s.name, s.labels, s.value) for s in samples] == [("gpt2deploy_requests_total", {"outcome": "ok"}, 3.0)]

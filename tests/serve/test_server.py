@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import MICRO
-from tests.serve.conftest import start_server
+from tests.serve.conftest import STARTUP_S, launch_server, start_server
 
 httpx = pytest.importorskip("httpx", reason="the [serve] extra is not installed")
 
@@ -73,6 +73,22 @@ def test_several_http_processes_relay_one_engine_sum_their_metrics_and_drain(exp
     assert proc.wait(timeout=30) == 0, (tmp_path / "server.log").read_text()
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{url}/health", timeout=2)
+
+
+def test_a_sigterm_while_the_http_processes_start_drains_them_and_exits_0(exported_run, tmp_path):
+    """SIGTERM once the engine is ready, while the HTTP processes are still starting (importing,
+    loading the tokenizer): the signal waits until each one's server runs, which then drains; the
+    supervisor exits 0 without a traceback. It killed a process that had not started, exit 1."""
+    _, run, _ = exported_run
+    log = tmp_path / "server.log"
+    proc, _ = launch_server(run, log, "--http-processes", "2")
+    deadline = time.monotonic() + STARTUP_S
+    while "serve:" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, log.read_text()
+    assert "Traceback" not in log.read_text()
 
 
 def test_a_port_in_use_is_one_line_before_the_engine_starts(exported_run, tmp_path):

@@ -242,7 +242,8 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
     time (equal parts of the filled slots measured 3-10% slower per step where the cache is mostly
     filled). FILLED: shares of the filled slots (up to the step's, whole blocks), for a cache much
     wider than its filled part (the serving scheduler's), where fixed slices left one program a
-    (row, head) to walk every filled slot (docs/performance.md)."""
+    (row, head) to walk every filled slot, and without splits walked the whole cache's blocks
+    (masked) to its end (docs/performance.md)."""
     if PDL and EARLY:
         gdc_launch_dependents()
     row = tl.program_id(0)
@@ -495,7 +496,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q, k_cache, v_cache, slot_mask, slot, out, partial, arrivals, k_cache.stride(0), k_cache.stride(1),
         head_dim ** -0.5, T=length, H=heads, D=head_dim,
         BLOCK_T=min(cfg.block_t, triton.next_power_of_2(share)), SHARE=share, SPLITS=cfg.splits,
-        BLOCK_S=triton.next_power_of_2(cfg.splits), FILLED=filled_shares and cfg.splits > 1, PDL=pdl, EARLY=early, launch_pdl=pdl, num_warps=cfg.warps,
+        BLOCK_S=triton.next_power_of_2(cfg.splits), FILLED=filled_shares, PDL=pdl, EARLY=early, launch_pdl=pdl, num_warps=cfg.warps,
         **({"maxnreg": cfg.registers} if cfg.registers else {}))
 
 
