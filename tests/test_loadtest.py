@@ -28,7 +28,8 @@ def test_a_sweep_measures_every_level_at_the_client(server, tmp_path):
     for row in result["rows"]:
         assert row["errors"] == {} and row["requests"] >= 1 and row["tokens_per_s"] > 0
         assert row["tokens_per_request"] == 6  # EOS ignored: every request its full length
-        assert 0 < row["ttft_ms"]["p50"] <= row["e2e_ms"]["p50"] and row["itl_ms"]["p50"] > 0
+        # chunks that arrive in one read share their time: on a CPU a micro model's may all be one read
+        assert 0 < row["ttft_ms"]["p50"] <= row["e2e_ms"]["p50"] and row["itl_ms"]["p50"] >= 0 and row["tpot_ms"]["p50"] > 0
     assert result["server"]["backend"] == "ort"
     write_reports(result, tmp_path)
     assert json.loads((tmp_path / "loadtest.json").read_text())["rows"] == result["rows"]
