@@ -465,18 +465,15 @@ class ContinuousScheduler(SchedulerBase):
                 progress.live -= 1
 
     def leave(self, row: Row) -> None:
-        """The row leaves the cache: its cache row is free where it is, for the next join (free rows at
-        the end are dropped), and rows move only where that lets a smaller row bucket run (compact)."""
+        """The row leaves the cache: its cache row is free where it is, for the next join, and rows move
+        only where that lets a smaller row bucket run (compact)."""
         if row.left:
             return
         row.left = True
         self.placed[row.index] = None
         self.free(row.index)
-        while self.placed and self.placed[-1] is None:
-            self.placed.pop()
-        if self.placed:
-            self.compact()
-        else:
+        self.compact()
+        if not self.placed:
             self.column = 0
 
     def free(self, index: int) -> None:
@@ -487,12 +484,17 @@ class ContinuousScheduler(SchedulerBase):
         self.live[index].zero_()
 
     def compact(self) -> None:
-        """While the running rows would fit a smaller row bucket than the cache rows they spread over,
-        the last moves into the lowest free one (the columns it holds, its marks and next input): at
-        a bucket's edge only, so a steady load moves nothing. A move cost 27 copies, 0.25 ms of host
-        time a step at 64 rows when every leave moved a row (docs/performance.md)."""
+        """Free cache rows at the end are dropped; while the running rows would fit a smaller row bucket
+        than the cache rows they spread over, the last moves into the lowest free one (the columns it
+        holds, its marks and next input): at a bucket's edge only, so a steady load moves nothing. A
+        move cost 27 copies, 0.25 ms of host time a step at 64 rows when every leave moved a row
+        (docs/performance.md)."""
         count = len(self.rows)
-        while self.bucket(len(self.placed)) > self.bucket(count):
+        while True:
+            while self.placed and self.placed[-1] is None:
+                self.placed.pop()
+            if not self.placed or self.bucket(len(self.placed)) <= self.bucket(count):
+                return
             hole, last = self.placed.index(None), self.placed.pop()
             held = slice(last.first_slot, self.column)
             for t in self.batch.cache:
@@ -501,8 +503,6 @@ class ContinuousScheduler(SchedulerBase):
                 t[hole].copy_(t[last.index])
             self.free(last.index)
             last.index, self.placed[hole] = hole, last
-            while self.placed[-1] is None:
-                self.placed.pop()
 
     def bucket(self, rows: int) -> int:
         """The smallest row bucket that holds this many cache rows."""
