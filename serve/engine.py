@@ -9,7 +9,6 @@ the scheduler stepped, where item is a step's tokens, "started" (the job left th
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import multiprocessing
@@ -25,7 +24,7 @@ from pipeline.errors import UserError
 from pipeline.runtime.sampling import Sampling
 
 START_TIMEOUT_S = 900  # the child opens the backend and captures every graph before it answers
-SWITCH_INTERVAL_S = 2e-4  # the child's scheduler, command and sender threads hand the GIL over this often
+SWITCH_INTERVAL_S = 2e-4  # the child's scheduler and command threads hand the GIL over this often
 
 
 class QueueFull(Exception):
@@ -234,7 +233,6 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
                                "context": backend.n_positions,
                                "scheduler": "continuous" if isinstance(scheduler, ContinuousScheduler) else "serial"}))
     scheduler.start()
-    threading.Thread(target=outbox.run, name="sender", daemon=True).start()
     jobs: dict[tuple[int, int], Job] = {}
     open_channels = {commands: index for index, (commands, _) in enumerate(channels)}
     while open_channels:
@@ -261,23 +259,19 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
 
 
 class Outbox:
-    """What the scheduler delivers, sent to each HTTP process in one message per step (or per batch
-    of steps that gathered while the sender was busy): `put` only appends, `flush` (the scheduler's,
-    once a step's deliveries are all in) wakes the sender. A pipe write, or a wake-up, per job and
-    step cost the scheduler thread more than a step (docs/performance.md)."""
+    """What the scheduler delivers, sent to each HTTP process in one message per step: `put` only
+    appends, `flush` (the scheduler's, once a step's deliveries are all in) sends them. The scheduler's
+    thread sends: a sender thread took the GIL whenever the scheduler released it (each graph replay),
+    and a pipe write per job and step cost the scheduler more than a step (docs/performance.md)."""
 
     def __init__(self, results: list):
-        self.results, self.pending, self.wake = results, collections.deque(), threading.Event()
+        self.results, self.pending = results, []
 
     def put(self, key: tuple[int, int], item: object) -> None:
         if isinstance(item, Exception) and not isinstance(item, UserError):
             traceback.print_exception(item)  # the server log has the details; the client gets its type
             item = RuntimeError(f"{type(item).__name__}: {item}")
-        self.pending.append((key, item))  # deque: appends and pops from two threads need no lock
-
-    def flush(self) -> None:
-        if self.pending and not self.wake.is_set():
-            self.wake.set()
+        self.pending.append((key, item))
 
     def deliverer(self, key: tuple[int, int], jobs: dict) -> Callable[[object], None]:
         def deliver(item: object) -> None:
@@ -286,16 +280,14 @@ class Outbox:
             self.put(key, item)
         return deliver
 
-    def run(self) -> None:
-        while True:
-            self.wake.wait()
-            self.wake.clear()  # before taking: what is put after it comes with the next flush
-            by_channel: dict[int, list] = {}
-            while self.pending:
-                (channel, job_id), item = self.pending.popleft()
-                by_channel.setdefault(channel, []).append((job_id, item))
-            for channel, items in by_channel.items():
-                try:
-                    self.results[channel].send(items)
-                except OSError:  # that HTTP process has gone; its jobs are cancelled as its commands end
-                    pass
+    def flush(self) -> None:
+        """Everything put so far, one message to each HTTP process that has any."""
+        by_channel: dict[int, list] = {}
+        for (channel, job_id), item in self.pending:
+            by_channel.setdefault(channel, []).append((job_id, item))
+        self.pending = []
+        for channel, items in by_channel.items():
+            try:
+                self.results[channel].send(items)
+            except OSError:  # that HTTP process has gone; its jobs are cancelled as its commands end
+                pass

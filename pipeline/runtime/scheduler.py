@@ -4,10 +4,11 @@ that wait in a queue.
 - ContinuousScheduler (the static-cache backends: torch-compiled, triton): continuous batching. At
   a step boundary waiting jobs join the running batch (their prefill runs apart, and its keys and
   values are copied into free rows; jobs arriving while rows run gather for a few steps, so that
-  one prefill takes several), one decode step advances every running row, and a finished or
-  cancelled row leaves at once, its cache row free for the next join. Each row keeps its own position,
-  sampling, seed, stop tokens and length, so greedy and sampled rows share a batch. Steps are
-  pipelined: the host reads a step's tokens while the next step runs (ContinuousScheduler).
+  one prefill takes several), one decode step (or a chunk of greedy steps) advances every running
+  row, and a finished or cancelled row leaves after it, its cache row free for the next join. Each
+  row keeps its own position, sampling, seed, stop tokens and length, so greedy and sampled rows
+  share a batch. Steps are pipelined: the host reads a step's tokens while the next step runs
+  (ContinuousScheduler).
 - SerialScheduler (every other backend): one job at a time through the Generator.
 
 All rows of the static cache write the same column at a step (its decode kernels take one slot for
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -33,9 +34,11 @@ from pipeline.runtime.static.static_backend import PREFILL_GRAPHS, StaticCacheBa
 SHIFT_COLUMNS = 64  # empty columns in front of every row that make the rows move left
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # decode graphs per row count: a step computes the bucket's rows
 JOIN_ROWS = 16  # prompts one prefill takes; more joining at a step run as several prefills
-# greedy steps run back to back on the device when nobody waits to join and few rows run: there the
-# host's work per step is most of a step; with many rows a chunk held joining requests back (docs/performance.md)
-GREEDY_CHUNK, CHUNK_ROWS = 8, 8
+# plain greedy rows run this many steps a launch (the greedy graph replayed back to back), each step's
+# tokens read and delivered as it completes: the host's work per launch (joins, leaves, the launch itself)
+# is paid once a chunk, where it was more than a step's GPU time at 64 rows; a chunk ends early where
+# gathering jobs are due to join (docs/performance.md)
+GREEDY_CHUNK = 8
 # while rows run, jobs that arrive gather for up to this many steps (or until JOIN_ROWS prompts wait) and
 # join in one prefill: under load a prefill at nearly every step took most of the GPU's time (docs/performance.md)
 JOIN_EVERY = 8
@@ -132,6 +135,11 @@ class Row:
     stopped: bool = False  # nothing more is delivered (a stop token, its length, cancelled or ended)
     left: bool = False  # out of the cache's rows
 
+    @property
+    def sampled(self) -> bool:
+        """Whether its tokens are picked by Sampling on the host's launch rather than the greedy graph."""
+        return self.job.sampling.do_sample or self.seen is not None
+
 
 @dataclass
 class Running:
@@ -142,11 +150,11 @@ class Running:
 
 
 class Readback:
-    """Tokens picked on the device, copied to page-locked host memory without waiting: the host reads
-    them (tolist) after it has launched the next step, so the device never waits for the host."""
+    """One step's tokens picked on the device, copied to page-locked host memory without waiting: the
+    host reads them (tolist) after it has launched the next steps, so the device never waits for the host."""
 
     def __init__(self, rows: list[Row | None], tokens: torch.Tensor):
-        self.rows = rows  # the rows as they were placed when the tokens were picked (None: free): tokens [len(rows), steps]
+        self.rows = rows  # the rows as they were placed when the tokens were picked (None: free): tokens [len(rows)]
         if tokens.device.type == "cuda":
             self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             self.host.copy_(tokens, non_blocking=True)
@@ -155,7 +163,7 @@ class Readback:
         else:  # the next step may rewrite what `tokens` views (a greedy chunk's buffer)
             self.host, self.copied = tokens.clone(), None
 
-    def tolist(self) -> list[list[int]]:
+    def tolist(self) -> list[int]:
         if self.copied is not None:
             self.copied.synchronize()
         return self.host.tolist()
@@ -176,11 +184,11 @@ class ContinuousScheduler(SchedulerBase):
         self.batch = backend.new_slot(max_rows, self.columns)
         sizes = sorted({b for b in ROW_BUCKETS if b < max_rows} | {max_rows})
         self.buckets = {b: backend.new_slot(b, self.columns, rows_of=self.batch) for b in sizes}
-        # each placed row's next input token and position; free rows (a bucket's idle rows, computed for
-        # nothing) hold position 0 and a departed row's token, and `live` 0 keeps their position there
-        self.tokens_in = torch.zeros(max_rows, dtype=torch.long, device=backend.device)
-        self.positions_in = torch.zeros(max_rows, dtype=torch.long, device=backend.device)
-        self.live = torch.zeros(max_rows, dtype=torch.long, device=backend.device)
+        # each placed row's next input token and position, where every bucket's graphs read them (the
+        # buckets' inputs are views of the batch's); free rows (a bucket's idle rows, computed for nothing)
+        # hold position 0 and a departed row's token, and `live` 0 (the greedy step's advance) keeps them there
+        self.tokens_in, self.positions_in, self.live = self.batch.token[:, 0], self.batch.position[:, 0], self.batch.advance[:, 0]
+        self.live.zero_()
         # prefills run into a cache of their own, views of it per row bucket, each prompt padded to a width
         # bucket: few prompt shapes, all captured at start-up (warm_up), none on a request's path
         joins = sorted({b for b in ROW_BUCKETS if b < min(JOIN_ROWS, max_rows)} | {min(JOIN_ROWS, max_rows)})
@@ -192,10 +200,11 @@ class ContinuousScheduler(SchedulerBase):
         # cache row -> its Row, None where free: a row that leaves frees its cache row where it is (the
         # next join fills it) rather than moving another into it, which cost 27 copies (docs/performance.md)
         self.placed: list[Row | None] = []
+        self.sampled = 0  # placed rows that sample (Row.sampled): while there are none, steps take the greedy graph
         self.running: dict[Job, Running] = {}
         self.column = 0  # the slot every row writes next
         self.deferred: list[Job] = []  # taken from the queue, waiting for rows or room
-        self.held = 0  # steps the deferred jobs have waited to gather
+        self.held = 0  # steps launched while the deferred jobs gathered
         self.unread: list[Readback] = []  # picked on the device, not yet read by the host
         # a CPU computes a step as it is launched: nothing to overlap, and reading first delivers sooner
         self.overlap = backend.device.type == "cuda"
@@ -215,7 +224,7 @@ class ContinuousScheduler(SchedulerBase):
                 except Exception as e:  # every running job learns of it; the scheduler goes on
                     for progress in self.running.values():
                         progress.job.deliver(e)
-                    self.placed, self.running, self.column, self.unread = [], {}, 0, []
+                    self.placed, self.running, self.column, self.unread, self.sampled = [], {}, 0, [], 0
                     self.positions_in.zero_()  # every row free now (leave's reason)
                     self.live.zero_()
                 self.flush()
@@ -226,9 +235,10 @@ class ContinuousScheduler(SchedulerBase):
         pool), now rather than on a job's path."""
         with torch.inference_mode():
             for size in self.buckets:
-                self.decode(size, self.tokens_in[:size, None], self.positions_in[:size, None])
+                self.decode(size)
                 if self.backend.fused_greedy:
-                    self.greedy_chunk(size, 1)
+                    for _ in self.greedy_chunk(size, 1):
+                        pass
             for width in reversed(self.widths):
                 for rows in reversed(self.prefill_slots):
                     self.prefill([[0]] * rows, width)
@@ -266,7 +276,8 @@ class ContinuousScheduler(SchedulerBase):
             self.started(job)
         waiting = sum(len(job.prompts) for job in self.deferred)
         if not waiting or (self.placed and waiting < JOIN_ROWS and self.held < JOIN_EVERY):
-            self.held = self.held + 1 if waiting else 0
+            if not waiting:
+                self.held = 0
             return
         joining, free, width = [], self.max_rows - len(self.rows), 0
         for job in list(self.deferred):
@@ -333,8 +344,9 @@ class ContinuousScheduler(SchedulerBase):
                 s = job.sampling
                 random = torch.Generator(self.backend.device).manual_seed(s.seed) if s.seed is not None else None
                 seen = (torch.tensor([prompt], device=self.backend.device) if s.repetition_penalty != 1.0 else None)
-                self.placed[index] = Row(job, k, index, self.column - len(prompt), random, seen)
-                rows.append(self.placed[index])
+                row = self.placed[index] = Row(job, k, index, self.column - len(prompt), random, seen)
+                self.sampled += row.sampled
+                rows.append(row)
             picked.append(self.pick(rows, logits))
             joined += rows
         tokens = torch.cat(picked)
@@ -343,28 +355,26 @@ class ContinuousScheduler(SchedulerBase):
         lengths = torch.tensor([len(p) for _, _, p in prompts])
         self.positions_in.index_copy_(0, where, send(lengths, self.backend.device))
         self.live.index_fill_(0, where, 1)
-        self.unread.append(Readback(joined, tokens[:, None]))  # one delivery: every prompt's first token
+        self.unread.append(Readback(joined, tokens))  # one delivery: every prompt's first token
 
     # stepping ---------------------------------------------------------------------------------
     def step(self) -> None:
-        """Launch the next step of every placed row from the current column (GREEDY_CHUNK steps in one go
-        when every row is plain greedy, at most CHUNK_ROWS run and nobody waits), then read and deliver
-        what earlier steps and joins picked while it runs."""
+        """Launch the next step of every placed row from the current column (a greedy chunk when every
+        row is plain greedy), then read and deliver what earlier steps and joins picked while it runs."""
         self.retire()
         if not self.overlap:
             self.read()
-        launched = self.launch() if self.placed else None
+        launched = self.launch() if self.placed else []
         self.read()
-        if launched:
-            self.unread.append(launched)
+        self.unread += launched
         self.shift(force=False)
 
     def read(self) -> None:
-        """Deliver what was picked and not yet read, then flush it to the consumer."""
+        """Deliver what was picked and not yet read, each step flushed to the consumer as soon as it is read."""
         for readback in self.unread:
             self.take(readback)
+            self.flush()
         self.unread = []
-        self.flush()
 
     def retire(self) -> None:
         """Rows whose job was cancelled or ended stop and leave; rows whose every token is picked leave
@@ -377,46 +387,56 @@ class ContinuousScheduler(SchedulerBase):
                 self.leave(r)
         self.settle()
 
-    def launch(self) -> Readback:
-        """One step (or a greedy chunk) of every placed row, its tokens picked and fed to the next step
-        on the device, none read here -> their Readback. Free rows among them compute for nothing."""
+    def launch(self) -> list[Readback]:
+        """One step, or a greedy chunk, of every placed row, its tokens picked and fed to the next step
+        on the device, none read here -> a Readback per step. Free rows among them compute for nothing.
+        Plain greedy rows take the backend's greedy graph, which advances the inputs itself: one replay
+        a step and no other launch (docs/performance.md)."""
         n = len(self.placed)
         size = self.bucket(n)
         rows = list(self.placed)
         running = [r for r in rows if r is not None]
-        greedy = all(not r.job.sampling.do_sample and r.seen is None for r in running)
-        quiet = self.waiting.empty() and not self.deferred and n <= CHUNK_ROWS
-        if greedy and quiet and self.backend.fused_greedy:
-            count = min([GREEDY_CHUNK] + [r.job.sampling.max_new_tokens - r.launched for r in running])
-            picked = self.greedy_chunk(size, count)[:n]
-            self.tokens_in[:n].copy_(picked[:, -1])
+        if not self.sampled and self.backend.fused_greedy:
+            count = self.chunk(running)
+            # each step's Readback as it is launched: its tokens are read as soon as that step is done
+            readbacks = [Readback(rows, tokens[:n]) for tokens in self.greedy_chunk(size, count)]
         else:
             count = 1
-            self.batch.slot_mask[:n, self.column] = True
-            logits = self.decode(size, self.tokens_in[:size, None], self.positions_in[:size, None])
-            tokens = self.pick(rows, logits[:n])
+            tokens = self.pick(rows, self.decode(size)[:n])
             self.tokens_in[:n].copy_(tokens)
-            picked = tokens[:, None]
-        self.positions_in[:n].add_(self.live[:n], alpha=count)
+            self.positions_in[:n].add_(self.live[:n])
+            readbacks = [Readback(rows, tokens)]
         self.column += count
+        if self.deferred:
+            self.held += count
         for r in running:
             r.launched += count
-        return Readback(rows, picked)
+        return readbacks
 
-    def greedy_chunk(self, size: int, count: int) -> torch.Tensor:
+    def chunk(self, running: list[Row]) -> int:
+        """Greedy steps to launch at once: GREEDY_CHUNK, no more than the longest row still needs, fewer
+        where gathering jobs are due to join or a row would pass the context. A row that ends inside a
+        chunk computes to its end for nothing (none of those tokens is delivered) and leaves after it."""
+        count = min(GREEDY_CHUNK, self.columns - self.column, max(r.job.sampling.max_new_tokens - r.launched for r in running))
+        if self.deferred:  # due to join; or, past due, waiting for rows: one frees as the first row ends
+            due = JOIN_EVERY - self.held
+            count = min(count, due if due > 0 else min(r.job.sampling.max_new_tokens - r.launched for r in running))
+        for r in running:  # the chunk's last step takes position len(prompt) + launched + count - 2
+            count = min(count, self.backend.n_positions + 1 - len(r.job.prompts[r.prompt]) - r.launched)
+        return max(count, 1)
+
+    def greedy_chunk(self, size: int, count: int) -> Iterator[torch.Tensor]:
         """`count` greedy steps of the bucket from the current column, each feeding its argmax to the
-        next on the device (the backend's greedy graph), from tokens_in / positions_in.
-        -> the bucket's tokens [size, count] (a buffer the next chunk rewrites)."""
-        backend, slot = self.backend, self.buckets[size]
-        backend.slot, backend.length = slot, self.column
-        for _ in backend.greedy_steps(self.tokens_in[:size], self.positions_in[:size, None], count):
-            pass
-        return slot.greedy_tokens[:, :count]
+        next on the device (the backend's greedy graph), from and into tokens_in / positions_in: yields
+        each step's tokens [size] as it is launched (a buffer the next chunk rewrites)."""
+        self.backend.slot, self.backend.length = self.buckets[size], self.column
+        return self.backend.greedy_in_place(count)
 
-    def decode(self, size: int, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The bucket's decode step (its graph on a GPU) at the current column -> logits [size, V]."""
+    def decode(self, size: int) -> torch.Tensor:
+        """The bucket's decode step (its graph on a GPU) at the current column, from tokens_in / positions_in
+        -> logits [size, V]."""
         self.backend.slot = self.buckets[size]
-        return self.backend.replay_decode(tokens, positions, self.column)
+        return self.backend.replay_decode(None, None, self.column)
 
     def pick(self, rows: list[Row | None], logits: torch.Tensor) -> torch.Tensor:
         """Each row's next token from its logits, by its own sampling, seed and history, on the device
@@ -432,25 +452,23 @@ class ContinuousScheduler(SchedulerBase):
         return tokens
 
     def take(self, readback: Readback) -> None:
-        """Picked tokens, read: each step's token of each row delivered, or the row's end (a stop token
-        or its length). A row stopped meanwhile gets none of them."""
-        steps = readback.tolist()
-        for j in range(len(steps[0]) if steps else 0):
-            touched = {}
-            for r, tokens in zip(readback.rows, steps):
-                if r is None or r.stopped:
-                    continue
-                token, s = tokens[j], r.job.sampling
-                progress = touched[r.job] = self.running[r.job]
-                progress.tokens[r.prompt] = token
-                r.generated += 1
-                if token in s.stop_tokens or r.generated >= s.max_new_tokens:
-                    self.stop(r)
-                    self.leave(r)
-            for progress in touched.values():
-                progress.job.deliver(progress.tokens)
-                progress.tokens = [self.pad_id] * len(progress.tokens)  # a prompt that stopped gives pad from here on
-            self.settle()
+        """A step's picked tokens, read: each row's token delivered, or the row's end (a stop token or
+        its length). A row stopped meanwhile gets none."""
+        touched = {}
+        for r, token in zip(readback.rows, readback.tolist()):
+            if r is None or r.stopped:
+                continue
+            s = r.job.sampling
+            progress = touched[r.job] = self.running[r.job]
+            progress.tokens[r.prompt] = token
+            r.generated += 1
+            if token in s.stop_tokens or r.generated >= s.max_new_tokens:
+                self.stop(r)
+                self.leave(r)
+        for progress in touched.values():
+            progress.job.deliver(progress.tokens)
+            progress.tokens = [self.pad_id] * len(progress.tokens)  # a prompt that stopped gives pad from here on
+        self.settle()
 
     def settle(self) -> None:
         """Requests none of whose rows runs any more are done."""
@@ -470,6 +488,7 @@ class ContinuousScheduler(SchedulerBase):
         if row.left:
             return
         row.left = True
+        self.sampled -= row.sampled
         self.placed[row.index] = None
         self.free(row.index)
         self.compact()

@@ -177,10 +177,11 @@ def test_jobs_arriving_while_rows_run_gather_and_join_in_one_prefill(model, monk
     assert len(scheduler.rows) == 1 and prefills == [1]
     for _ in range(2):
         scheduler.submit(Job([[818, 262]], Sampling(max_new_tokens=5), Collected()))
-    for _ in range(scheduling.JOIN_EVERY):
+    while scheduler.held < scheduling.JOIN_EVERY:  # steps launched while they gather (greedy chunks)
         scheduler.admit(wait=False)
         assert len(scheduler.rows) == 1 and len(scheduler.deferred) == 2
         scheduler.step()
+    assert scheduler.held == scheduling.JOIN_EVERY  # a chunk ends where they are due
     scheduler.admit(wait=False)
     assert len(scheduler.rows) == 3 and prefills == [1, 2] and not scheduler.deferred
     scheduler.submit(Job([[818]] * scheduling.JOIN_ROWS, Sampling(max_new_tokens=5), Collected()))
@@ -245,11 +246,12 @@ def test_idle_rows_of_a_bucket_never_run_past_the_context(model):
     assert [r.rows(()) for r in results] == [alone(model, *job) for job in jobs]
 
 
-def test_a_row_that_leaves_frees_its_cache_row_in_place_and_rows_move_only_to_fit_a_smaller_bucket(model):
-    """Driven step by step (no thread), four rows of a 4-row bucket: the second leaves first and its
-    cache row stays free in place (no row moves) until the next join fills it; once two rows are
-    left, the last moves into the lowest free row so the 2-row bucket runs. Every job still gets the
-    tokens it gets alone."""
+def test_a_row_that_leaves_frees_its_cache_row_in_place_and_rows_move_only_to_fit_a_smaller_bucket(model, monkeypatch):
+    """Driven step by step (no thread, one step a launch), four rows of a 4-row bucket: the second
+    leaves first and its cache row stays free in place (no row moves) until the next join fills it;
+    once two rows are left, the last moves into the lowest free row so the 2-row bucket runs. Every
+    job still gets the tokens it gets alone."""
+    monkeypatch.setattr(scheduling, "GREEDY_CHUNK", 1)  # a chunk would end the second and third together
     scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=4)
     jobs = [([[818, 262]], Sampling(max_new_tokens=12)), ([[464]], Sampling(max_new_tokens=2)),
             ([[2068, 7586]], Sampling(max_new_tokens=4)), ([[262, 818, 11]], Sampling(max_new_tokens=20))]

@@ -313,12 +313,13 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
 
 @triton.jit
 def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, tokens_stride, step_ptr, position_ptr,
-                           start_ptr, slot_mask_ptr, arrivals_ptr, wte_ptr, wpe_ptr, x_ptr, B, T, POSITIONS,
+                           advance_ptr, start_ptr, slot_mask_ptr, arrivals_ptr, wte_ptr, wpe_ptr, x_ptr, B, T, POSITIONS,
                            PARTIALS: tl.constexpr, BLOCK: tl.constexpr, C: tl.constexpr, BLOCK_C: tl.constexpr,
                            EMBED: tl.constexpr, PDL: tl.constexpr):
     """For one row: the argmax of its logits from the LM head's per-program maxima (the first
     column on ties, as torch.argmax); it becomes the row's next input token and
-    tokens[row, *step]; the row's position advances and its next slot is marked real. The last
+    tokens[row, *step]; the row's position advances by advance[row] and its slot (*start) is marked
+    real for the steps after it (attention counts a query's own slot unmarked). The last
     row to arrive advances the shared start and step (every row has read them by then).
     EMBED: also the next step's input x[row] = wte[token] + wpe[position] (fp32, as _embed_kernel),
     so that the next step starts with its first layer rather than a launch of its own."""
@@ -327,10 +328,10 @@ def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, toke
     # every load first, so that they wait together rather than the scalars' behind the reduction
     step = tl.load(step_ptr)
     start = tl.load(start_ptr)
-    position = tl.load(position_ptr + row)
+    position = tl.load(position_ptr + row) + tl.load(advance_ptr + row)
     if EMBED:  # past the last position nothing runs the step: any row in range will do
         c = tl.arange(0, BLOCK_C)
-        e = tl.load(wpe_ptr + tl.minimum(position + 1, POSITIONS - 1) * C + c, mask=c < C, other=0.0).to(tl.float32)
+        e = tl.load(wpe_ptr + tl.minimum(position, POSITIONS - 1) * C + c, mask=c < C, other=0.0).to(tl.float32)
     if PDL:
         gdc_wait()
     best = tl.load(best_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=float("-inf"))
@@ -341,9 +342,8 @@ def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, toke
     if EMBED:  # x's last reader, the LM head, has completed: the wait above saw to that
         e += tl.load(wte_ptr + token * C + c, mask=c < C, other=0.0).to(tl.float32)
         tl.store(x_ptr + row * C + c, e, mask=c < C)
-    tl.store(position_ptr + row, position + 1)
-    if start + 1 < T:
-        tl.store(slot_mask_ptr + row * T + start + 1, 1)
+    tl.store(position_ptr + row, position)
+    tl.store(slot_mask_ptr + row * T + start, 1)
     if tl.atomic_add(arrivals_ptr, 1, sem="acq_rel") == B - 1:
         tl.store(start_ptr, start + 1)
         tl.store(step_ptr, step + 1)
@@ -518,18 +518,18 @@ def argmax_partials(m: int, vocab: int, k: int) -> int:
 
 
 def greedy_advance(best: torch.Tensor, best_index: torch.Tensor, token: torch.Tensor, tokens: torch.Tensor,
-                   step: torch.Tensor, position: torch.Tensor, start: torch.Tensor, slot_mask: torch.Tensor,
-                   arrivals: torch.Tensor, embedding: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                   pdl: bool = False) -> None:
+                   step: torch.Tensor, position: torch.Tensor, advance: torch.Tensor, start: torch.Tensor,
+                   slot_mask: torch.Tensor, arrivals: torch.Tensor,
+                   embedding: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, pdl: bool = False) -> None:
     """The greedy step's tail in one launch (see _greedy_advance_kernel). best / best_index [B, P] from
-    fused_linear(..., argmax=); token / position [B, 1]; tokens [B, N]; step [1]; start a scalar;
+    fused_linear(..., argmax=); token / position / advance [B, 1]; tokens [B, N]; step [1]; start a scalar;
     slot_mask [B, T] bool; arrivals an int32 counter, zero between launches; embedding = (wte, wpe,
     x [B, C] fp32): write the next step's input as embed() would; pdl as fused_linear."""
     batch, partials = best.shape
     wte, wpe, x = embedding if embedding is not None else (best, best, best)  # stand-ins when not EMBED
     c = x.shape[1] if embedding is not None else 1
-    _greedy_advance_kernel[(batch,)](best, best_index, token, tokens, tokens.stride(0), step, position, start,
-                                     slot_mask, arrivals, wte, wpe, x, batch, slot_mask.shape[1], wpe.shape[0],
+    _greedy_advance_kernel[(batch,)](best, best_index, token, tokens, tokens.stride(0), step, position, advance,
+                                     start, slot_mask, arrivals, wte, wpe, x, batch, slot_mask.shape[1], wpe.shape[0],
                                      PARTIALS=partials, BLOCK=triton.next_power_of_2(partials), C=c,
                                      BLOCK_C=triton.next_power_of_2(c), EMBED=embedding is not None, PDL=pdl,
                                      launch_pdl=pdl)

@@ -35,12 +35,14 @@ class CacheSlot:
     slot_mask: torch.Tensor  # [B, T] bool: which slots hold real tokens
     token: torch.Tensor  # [B, 1] decode input
     position: torch.Tensor  # [B, 1]
+    advance: torch.Tensor  # [B, 1] how far a greedy step moves each position: 1 (the serving scheduler's free rows 0)
     start: torch.Tensor  # scalar int64: the slot the next decode step writes (a prefill takes its start from the host)
     step: torch.Tensor  # [1] int64: greedy_steps' column in greedy_tokens
     greedy_tokens: torch.Tensor  # [B, T] int64: what greedy_steps yields, one column per step
     scratch: dict[str, torch.Tensor] = field(default_factory=dict)  # a subclass's own buffers
     decode: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None  # graph, its logits [B, V] fp32
     greedy: torch.cuda.CUDAGraph | None = None  # greedy_step, captured
+    first_greedy: torch.cuda.CUDAGraph | None = None  # prepare_greedy and greedy_step, captured
     prefill: OrderedDict = field(default_factory=OrderedDict)  # (seq, causal) -> PrefillGraph
 
 
@@ -99,15 +101,18 @@ class StaticCacheBackend(Backend):
         raise NotImplementedError
 
     def new_slot(self, batch: int, length: int, rows_of: CacheSlot | None = None) -> CacheSlot:
-        """A slot of its own cache, or, with rows_of, one whose cache and slot marks are the first `batch`
-        rows of that slot's (a row-count bucket of a larger batch: rows in front are contiguous views)."""
+        """A slot of its own cache, or, with rows_of, one whose cache, slot marks and per-row inputs (token,
+        position, advance) are the first `batch` rows of that slot's (a row-count bucket of a larger
+        batch: rows in front are contiguous views, so every bucket reads the inputs where they are)."""
         long = dict(dtype=torch.long, device=self.device)
         if rows_of is None:
             cache, marks = self.net.new_cache(batch, length), torch.zeros(batch, length, dtype=torch.bool, device=self.device)
+            inputs = torch.zeros(batch, 1, **long), torch.zeros(batch, 1, **long), torch.ones(batch, 1, **long)
         else:
             cache, marks = [t[:batch] for t in rows_of.cache], rows_of.slot_mask[:batch]
-        return CacheSlot(cache, marks, torch.zeros(batch, 1, **long), torch.zeros(batch, 1, **long), torch.zeros((), **long),
-                         torch.zeros(1, **long), torch.zeros(batch, length, **long))
+            inputs = rows_of.token[:batch], rows_of.position[:batch], rows_of.advance[:batch]
+        return CacheSlot(cache, marks, *inputs, torch.zeros((), **long), torch.zeros(1, **long),
+                         torch.zeros(batch, length, **long))
 
     def reset(self, batch: int, max_len: int) -> None:
         length = min(-(-max_len // CACHE_ROUNDING) * CACHE_ROUNDING, max(self.n_positions, max_len))
@@ -116,43 +121,62 @@ class StaticCacheBackend(Backend):
         self.slot = self.slots[batch, length]  # its slot marks are rewritten as the cache fills (mark_slots)
         self.length = 0
 
+    def marked_decode_step(self, s: CacheSlot) -> torch.Tensor:
+        """decode_step, then its slot marked real in s.slot_mask for the steps after it (attention
+        counts a query's own slot marked or not): the host marks nothing before a replay."""
+        logits = self.decode_step(s)
+        s.slot_mask.index_fill_(1, s.start.view(1), True)
+        return logits
+
     def greedy_step(self, s: CacheSlot) -> None:
         """One greedy step that feeds the next: s.token at s.position into slot s.start, its argmax
-        into s.greedy_tokens[:, s.step] and s.token; position, slot and step advance by one and the
-        new slot is marked real in s.slot_mask."""
-        token = self.decode_step(s).argmax(-1, keepdim=True)
+        into s.greedy_tokens[:, s.step] and s.token; the slot is marked real in s.slot_mask, position
+        advances by s.advance, slot and step by one."""
+        token = self.marked_decode_step(s).argmax(-1, keepdim=True)
         s.greedy_tokens.index_copy_(1, s.step, token)
         s.token.copy_(token)
-        for counter in (s.position, s.start, s.step):
+        s.position.add_(s.advance)
+        for counter in (s.start, s.step):
             counter.add_(1)
-        s.slot_mask.index_fill_(1, s.start.view(1), True)
 
     def prepare_greedy(self, s: CacheSlot) -> None:
         """Whatever greedy_step reads besides s.token/position/start/step, made from them before the first step."""
+
+    def first_greedy_step(self, s: CacheSlot) -> None:
+        """The first of greedy_steps' steps: prepare_greedy, then greedy_step."""
+        self.prepare_greedy(s)
+        self.greedy_step(s)
 
     @torch.inference_mode()
     def greedy_steps(self, token: torch.Tensor, position: torch.Tensor, count: int) -> Iterator[torch.Tensor]:
         """As Backend.greedy_steps. On a GPU a step is one replay of a graph that also takes the argmax
         and advances the inputs, where decode() needs small launches around its replay."""
-        s, slot = self.slot, self.length
+        self.slot.token.copy_(token[:, None])
+        self.slot.position.copy_(position)
+        return self.greedy_in_place(count)
 
-        def set_inputs() -> None:
-            s.token.copy_(token[:, None])
-            s.position.copy_(position)
-            s.start.fill_(slot)
-            s.step.zero_()
-            self.prepare_greedy(s)
-
-        set_inputs()
-        s.slot_mask[:, slot] = True
+    @torch.inference_mode()
+    def greedy_in_place(self, count: int) -> Iterator[torch.Tensor]:
+        """greedy_steps from the inputs the slot holds (s.token, s.position), where the serving scheduler
+        keeps them between steps. On a GPU the first step is a graph of its own that also prepares the
+        steps (prepare_greedy): a launch outside a graph can hand the GIL to another thread of the
+        server for a switch interval (docs/performance.md)."""
+        s = self.slot
+        s.start.fill_(self.length)
+        s.step.zero_()
         if self.cuda_graphs and s.greedy is None:
+            inputs = s.token.clone(), s.position.clone()
+            s.first_greedy = capture(lambda: self.first_greedy_step(s), self.device)[0]
             s.greedy = capture(lambda: self.greedy_step(s), self.device)[0]
-            set_inputs()  # capture's warm-up ran steps from them
+            s.token.copy_(inputs[0])  # capture's warm-up ran steps from them
+            s.position.copy_(inputs[1])
+            s.start.fill_(self.length)
+            s.step.zero_()
         for i in range(count):
             if self.cuda_graphs:
-                s.greedy.replay()
+                (s.greedy if i else s.first_greedy).replay()
             else:
-                self.greedy_step(s)
+                (self.greedy_step if i else self.first_greedy_step)(s)
             self.length += 1
             yield s.greedy_tokens[:, i]
 
@@ -182,20 +206,21 @@ class StaticCacheBackend(Backend):
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """As Backend.decode. On a GPU the result is the decode graph's output buffer."""
-        self.slot.slot_mask[:, self.length] = True
         self.length += 1
         return self.replay_decode(tokens, positions, self.length - 1)
 
-    def replay_decode(self, tokens: torch.Tensor, positions: torch.Tensor, slot: int) -> torch.Tensor:
-        """The decode step, replayed from the slot's graph on a GPU: tokens/positions [B, 1] into slot -> [B, V]."""
+    def replay_decode(self, tokens: torch.Tensor | None, positions: torch.Tensor | None, slot: int) -> torch.Tensor:
+        """The decode step, replayed from the slot's graph on a GPU: tokens/positions [B, 1] (None: those
+        the slot holds) into slot, which is marked real -> [B, V]."""
         s = self.slot
         s.start.fill_(slot)
-        s.token.copy_(tokens)
-        s.position.copy_(positions)
+        if tokens is not None:
+            s.token.copy_(tokens)
+            s.position.copy_(positions)
         if not self.cuda_graphs:
-            return self.decode_step(s)
+            return self.marked_decode_step(s)
         if s.decode is None:
-            s.decode = capture(lambda: self.decode_step(s), self.device)
+            s.decode = capture(lambda: self.marked_decode_step(s), self.device)
         s.decode[0].replay()
         return s.decode[1]
 

@@ -78,7 +78,7 @@ class TritonBackend(StaticCacheBackend):
         the next step's input: one launch less a step."""
         net, b = self.net, s.scratch
         self.decode_step(s, argmax=(b["best"], b["best_index"]), embedded=True)
-        greedy_advance(b["best"], b["best_index"], s.token, s.greedy_tokens, s.step, s.position, s.start,
+        greedy_advance(b["best"], b["best_index"], s.token, s.greedy_tokens, s.step, s.position, s.advance, s.start,
                        s.slot_mask, b["arrivals"], embedding=(net.wte, net.wpe, b["x"]), pdl=self.pdl_capable)
 
     def decode_step(self, s: CacheSlot, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,

@@ -167,7 +167,8 @@ def test_attention_over_several_blocks_and_splits(block_t, splits, slot, filled)
 def test_greedy_advance_takes_the_first_largest_column_and_moves_the_inputs_on(block_m):
     """The LM head's per-program maxima reduce to torch.argmax (first column on ties, across programs);
     the token, its column of the output, the position, the slot mask, start and step all advance, and
-    the next step's input embedding is written."""
+    the next step's input embedding is written; a row whose advance is 0 (a free row of the serving
+    scheduler) keeps its position."""
     from pipeline.runtime.kernels.triton_kernels import (
         LinearConfig,
         fused_linear,
@@ -186,15 +187,17 @@ def test_greedy_advance_takes_the_first_largest_column_and_moves_the_inputs_on(b
     with pytest.raises(ValueError, match="out is None"):
         fused_linear(x, w, None)
     token, tokens, position = torch.zeros(3, 1, dtype=torch.long), torch.zeros(3, 4, dtype=torch.long), torch.tensor([[4], [2], [7]])
+    advance = torch.tensor([[1], [0], [1]])
     step, start, slot_mask, arrivals = torch.tensor([2]), torch.tensor(5), torch.zeros(3, 8, dtype=torch.bool), torch.zeros(1, dtype=torch.int32)
     wpe, embedded = torch.randn(8, 32), torch.zeros(3, 32)  # 8 positions: row 2's next (8) is past the last
-    greedy_advance(best, best_index, token, tokens, step, position, start, slot_mask, arrivals, embedding=(w, wpe, embedded))
+    greedy_advance(best, best_index, token, tokens, step, position, advance, start, slot_mask, arrivals,
+                   embedding=(w, wpe, embedded))
     expected = logits.argmax(-1)
     assert expected[0] == 10 and torch.equal(token[:, 0], expected) and torch.equal(tokens[:, 2], expected)
-    assert position.tolist() == [[5], [3], [8]] and int(start) == 6 and int(step) == 3 and int(arrivals) == 0
-    assert slot_mask[:, 6].all() and slot_mask.sum() == 3
+    assert position.tolist() == [[5], [2], [8]] and int(start) == 6 and int(step) == 3 and int(arrivals) == 0
+    assert slot_mask[:, 5].all() and slot_mask.sum() == 3  # the step's own slot, for the steps after it
     # the next step's input, as the embedding launch would make it (the last position where none is left)
-    torch.testing.assert_close(embedded, w[expected] + wpe[[5, 3, 7]])
+    torch.testing.assert_close(embedded, w[expected] + wpe[[5, 2, 7]])
 
 
 @pytest.mark.parametrize("last_only", [False, True])
@@ -249,3 +252,25 @@ def test_prefill_causal_attention_and_embedding_match_pytorch(seq):
         fused = TritonOps.embed_layer_norm(wte, wpe, ids, positions, weight.half(), bias.half(), 1e-5)
         for g, w in zip(fused, want):
             torch.testing.assert_close(g.float(), w, rtol=2e-3, atol=2e-3)
+
+
+def test_the_serving_scheduler_on_these_kernels_gives_every_job_its_tokens_alone(monkeypatch):
+    """The continuous scheduler's plain greedy rows take the greedy kernel's step at every row count,
+    from inputs it keeps in place: jobs wait, join freed rows while others run (a free row's position
+    holds: its advance is 0) and leave at their lengths; each gets the tokens it gets alone. Driven
+    step by step (no thread)."""
+    from pipeline.runtime import scheduler as scheduling
+    torch.manual_seed(0)  # weights large enough that the picks change with what is attended (small ones repeat a token)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=512,
+                                       initializer_range=0.3)).eval()
+    monkeypatch.setattr(scheduling, "JOIN_EVERY", 2)  # the third job joins while the second runs
+    scheduler = scheduling.ContinuousScheduler(TritonBackend(model, "fp32", "cpu"), pad_id=0, max_rows=2)
+    jobs = [([PROMPTS[i]], Sampling(max_new_tokens=n)) for i, n in enumerate([2, 6, 3])]
+    steps = [[] for _ in jobs]
+    for (prompts, sampling), got in zip(jobs, steps):
+        scheduler.submit(scheduling.Job(prompts, sampling, lambda item, got=got: got.append(item)))
+    while not all(got and got[-1] is None for got in steps):
+        scheduler.admit(wait=False)
+        scheduler.step()
+    reference = Generator(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0)
+    assert [[t[0] for t in got[:-1]] for got in steps] == [reference.generate(*job)[0] for job in jobs]

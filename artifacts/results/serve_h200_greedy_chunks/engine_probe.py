@@ -1,10 +1,15 @@
 """The continuous scheduler alone at 1/8/64 closed-loop clients (no HTTP): tokens/s and where the host's
-time per step goes (each scheduler method timed, inclusive, per launch). GPT-2 124M shape, random
+time per launch goes (each scheduler method timed, inclusive, per launch). GPT-2 124M shape, random
 weights, triton fp16, prompts of 128 tokens, 128 new tokens, greedy. From the repository root on a GPU:
-`GPU_TIMES=1 RTT_MS=5 MODE=plain PYTHONPATH=. python artifacts/results/serve_h200_free_rows/engine_probe.py`
+`RTT_MS=5 MODE=outbox PYTHONPATH=. python artifacts/results/serve_h200_greedy_chunks/engine_probe.py`
 (RTT_MS: each client's turnaround between requests, uniform in 0.5-1.5x; MODE=outbox: deliveries
-through the engine's Outbox to four draining processes; SPY=path: a py-spy record of the 64-client level;
-GPU_TIMES=1: the decode step's GPU time in the scheduler's wide cache and in an offline one first)."""
+through the engine's Outbox (as the code under PYTHONPATH has it: a sender thread before this change,
+the scheduler's own sends after) to four processes that drain the pipes, with the engine's GIL switch
+interval; MODE=plain: a no-op delivery; CHUNK=n: GREEDY_CHUNK; LEVELS=1,64: the client counts;
+SPY=path: a py-spy record of the 64-client level; GPU_TIMES=1: decode GPU times, in the scheduler API
+before this change only). The drain processes re-import this module (spawn) and can take longer
+than the warm-up to start reading: with the scheduler sending itself, its first level (1 client)
+then waits on full pipes, so that level's figure is the probe's, not the scheduler's."""
 import collections, multiprocessing, os, sys, threading, time
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -24,18 +29,22 @@ def drain(conn):
 
 
 def main():
+    sys.setswitchinterval(2e-4)  # as the engine process sets it (serve.engine.SWITCH_INTERVAL_S)
     torch.manual_seed(0)
     be = TritonBackend(GPT2LMHeadModel(GPT2Config()).eval(), "fp16", "cuda")
     flush = S.no_flush
-    if MODE == "outbox":
+    if MODE in ("outbox", "inline"):
         from serve.engine import Outbox
         ctx = multiprocessing.get_context("spawn")
         ends = [ctx.Pipe(duplex=False) for _ in range(4)]
         for r, _ in ends:
             ctx.Process(target=drain, args=(r,), daemon=True).start()
         outbox = Outbox([w for _, w in ends])
-        threading.Thread(target=outbox.run, daemon=True).start()
+        if hasattr(outbox, "run"):  # an Outbox with a sender thread of its own (before inline sends)
+            threading.Thread(target=outbox.run, daemon=True).start()
         flush = outbox.flush
+    if os.environ.get("CHUNK"):
+        S.GREEDY_CHUNK = int(os.environ["CHUNK"])
     t = time.perf_counter()
     sch = S.make_scheduler(be, 0, 64, True, flush)
     print(f"warm_up {time.perf_counter() - t:.1f}s", flush=True)
@@ -105,7 +114,7 @@ def main():
             elif isinstance(item, Exception):
                 print("error", item, flush=True)
         job = S.Job([prompt], Sampling(max_new_tokens=128), deliver)
-        if MODE == "outbox":
+        if MODE in ("outbox", "inline"):
             key = (k % 4, k)
             job.deliver = outbox.deliverer(key, {})
             inner = job.deliver
@@ -116,7 +125,7 @@ def main():
         return job
 
     sch.start()
-    for clients in (1, 8, 64):
+    for clients in map(int, os.environ.get("LEVELS", "1,8,64").split(",")):
         stop[0] = False
         for k in range(clients):
             later(rnd.uniform(0, 0.1), k)  # staggered starts, as HTTP clients are
