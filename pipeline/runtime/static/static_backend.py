@@ -159,8 +159,8 @@ class StaticCacheBackend(Backend):
     def greedy_in_place(self, count: int) -> Iterator[torch.Tensor]:
         """greedy_steps from the inputs the slot holds (s.token, s.position), where the serving scheduler
         keeps them between steps. On a GPU the first step is a graph of its own that also prepares the
-        steps (prepare_greedy): a launch outside a graph can hand the GIL to another thread of the
-        server for a switch interval (docs/performance.md)."""
+        steps (prepare_greedy): with that launch outside a graph a greedy launch cost the serving
+        scheduler 368 us of host time against 100 for a decode step (docs/performance.md)."""
         s = self.slot
         s.start.fill_(self.length)
         s.step.zero_()
