@@ -10,7 +10,8 @@ per-token p50/p90/p99. A row reports the spread of its passes' tokens/s, and is 
 that, or its baseline's, is over NOISY_SPREAD: its ratio then says little. On a GPU one more pass
 has the host wait for every token, as a streaming client does (p50 only). Every row's speed-up is
 over eager PyTorch at the same precision (or the closest float one, named in the row) and batch,
-measured in this same run."""
+measured in this same run: the median over rounds of the row's pass over the baseline's pass of
+that round, so that a slow spell of the machine weighs on both sides of a ratio (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ class Row:
     tokens_per_s_min: float | None = None  # the slowest and fastest of the row's passes
     tokens_per_s_max: float | None = None
     spread: float | None = None  # (max - min) / median of the passes' tokens/s
+    pass_tokens_per_s: list[float] | None = None  # each pass's, in round order
     noisy: bool = False  # the row's spread, or its baseline's, is over NOISY_SPREAD
     peak_memory_mib: float | None = None
     load_s: float | None = None  # open the backend: load weights, deserialise an engine, create a session
@@ -129,7 +131,7 @@ def summarise_passes(passes: list[tuple[float, list[float]]], tokens: int, synce
             "decode_ms_p50_synced": float(np.percentile(synced, 50)) * 1e3 if synced else float(np.percentile(ms, 50)),
             "e2e_ms": statistics.median(e2e) * 1e3, "tokens_per_s": median_rate,
             "tokens_per_s_min": min(rates), "tokens_per_s_max": max(rates),
-            "spread": (max(rates) - min(rates)) / median_rate}
+            "spread": (max(rates) - min(rates)) / median_rate, "pass_tokens_per_s": rates}
 
 
 def rounds(items: list, repeats: int) -> Iterator:
@@ -229,5 +231,6 @@ def add_speedups(rows: list[Row], device: torch.device) -> None:
         base = eager.get((r.precision, r.batch)) or eager.get((fallback, r.batch))
         if base is not None:
             r.baseline = f"torch {base.precision}"
-            r.speedup_vs_eager = r.tokens_per_s / base.tokens_per_s
+            r.speedup_vs_eager = statistics.median(
+                mine / theirs for mine, theirs in zip(r.pass_tokens_per_s, base.pass_tokens_per_s))
         r.noisy = max(r.spread or 0, (base.spread or 0) if base else 0) > NOISY_SPREAD

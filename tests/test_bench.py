@@ -2,9 +2,10 @@
 
 import json
 
+import torch
 from typer.testing import CliRunner
 
-from pipeline.bench import NOISY_SPREAD, rounds, summarise_passes
+from pipeline.bench import NOISY_SPREAD, Row, add_speedups, rounds, summarise_passes
 from pipeline.bench_report import compare
 from pipeline.cli import app
 from tests.conftest import MICRO, copy_run
@@ -93,3 +94,12 @@ def test_a_rows_figures_come_from_the_same_passes_and_agree():
 
 def test_rounds_interleave_every_row_and_rotate_the_start():
     assert list(rounds(["a", "b", "c"], 3)) == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+
+
+def test_a_speedup_pairs_each_pass_with_the_baselines_pass_of_its_round():
+    """A slow spell of the machine in the third round halves both passes there; the ratio is the median
+    of the rounds' ratios (3, 2, 3), where a ratio of medians would read 200 / 100."""
+    eager = Row("torch", "fp32", 8, "ok", tokens_per_s=100.0, spread=0.5, pass_tokens_per_s=[100.0, 100.0, 50.0])
+    fused = Row("ort-fused", "fp32", 8, "ok", tokens_per_s=200.0, spread=0.75, pass_tokens_per_s=[300.0, 200.0, 150.0])
+    add_speedups([eager, fused], torch.device("cpu"))
+    assert (eager.speedup_vs_eager, fused.speedup_vs_eager, fused.baseline) == (1.0, 3.0, "torch fp32")
