@@ -136,6 +136,11 @@ class Row:
     left: bool = False  # out of the cache's rows
 
     @property
+    def unlaunched(self) -> int:
+        """Tokens still to pick on the device before the row reaches its length."""
+        return self.job.sampling.max_new_tokens - self.launched
+
+    @property
     def sampled(self) -> bool:
         """Whether its tokens are picked by Sampling on the host's launch rather than the greedy graph."""
         return self.job.sampling.do_sample or self.seen is not None
@@ -307,7 +312,7 @@ class ContinuousScheduler(SchedulerBase):
                 self.shift(force=True)
             column = max(self.column, width)
             needed = max([j.sampling.max_new_tokens for j in (job, *joining)]
-                         + [r.job.sampling.max_new_tokens - r.launched for r in self.rows])
+                         + [r.unlaunched for r in self.rows])
             if column + needed <= self.columns:
                 return True
         return False
@@ -383,7 +388,7 @@ class ContinuousScheduler(SchedulerBase):
             if r.job.cancelled.is_set() or r.prompt in r.job.ended:
                 self.stop(r)
                 self.leave(r)
-            elif r.launched >= r.job.sampling.max_new_tokens:
+            elif r.unlaunched <= 0:
                 self.leave(r)
         self.settle()
 
@@ -417,10 +422,10 @@ class ContinuousScheduler(SchedulerBase):
         """Greedy steps to launch at once: GREEDY_CHUNK, no more than the longest row still needs, fewer
         where gathering jobs are due to join or a row would pass the context. A row that ends inside a
         chunk computes to its end for nothing (none of those tokens is delivered) and leaves after it."""
-        count = min(GREEDY_CHUNK, self.columns - self.column, max(r.job.sampling.max_new_tokens - r.launched for r in running))
+        count = min(GREEDY_CHUNK, self.columns - self.column, max(r.unlaunched for r in running))
         if self.deferred:  # due to join; or, past due, waiting for rows: one frees as the first row ends
             due = JOIN_EVERY - self.held
-            count = min(count, due if due > 0 else min(r.job.sampling.max_new_tokens - r.launched for r in running))
+            count = min(count, due if due > 0 else min(r.unlaunched for r in running))
         for r in running:  # the chunk's last step takes position len(prompt) + launched + count - 2
             count = min(count, self.backend.n_positions + 1 - len(r.job.prompts[r.prompt]) - r.launched)
         return max(count, 1)

@@ -162,16 +162,19 @@ class StaticCacheBackend(Backend):
         steps (prepare_greedy): with that launch outside a graph a greedy launch cost the serving
         scheduler 368 us of host time against 100 for a decode step (docs/performance.md)."""
         s = self.slot
-        s.start.fill_(self.length)
-        s.step.zero_()
+
+        def set_counters() -> None:
+            s.start.fill_(self.length)
+            s.step.zero_()
+
+        set_counters()
         if self.cuda_graphs and s.greedy is None:
             inputs = s.token.clone(), s.position.clone()
             s.first_greedy = capture(lambda: self.first_greedy_step(s), self.device)[0]
             s.greedy = capture(lambda: self.greedy_step(s), self.device)[0]
             s.token.copy_(inputs[0])  # capture's warm-up ran steps from them
             s.position.copy_(inputs[1])
-            s.start.fill_(self.length)
-            s.step.zero_()
+            set_counters()
         for i in range(count):
             if self.cuda_graphs:
                 (s.greedy if i else s.first_greedy).replay()
