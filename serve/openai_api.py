@@ -106,6 +106,7 @@ class Reply:
     def __init__(self, completion: Completion, model: str, echo: list[str] | None):
         self.completion, self.model, self.echo = completion, model, echo
         self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        self.head: bytes | None = None
 
     def echoed(self, index: int) -> str:
         return self.echo[index] if self.echo else ""
@@ -122,7 +123,7 @@ class Reply:
             body["usage"] = self.usage()
         return body
 
-    async def chunks(self, options: StreamOptions) -> AsyncIterator[str]:
+    async def chunks(self, options: StreamOptions) -> AsyncIterator[str | bytes]:
         """A chunk per prompt with new text or a finish, for each arrival of steps (so a chunk can carry
         several tokens' text), then the usage if asked, then [DONE]. An error after the reply has
         started is a chunk of its own."""
@@ -148,5 +149,9 @@ class Reply:
                 yield self.chunk([], True)
         yield "data: [DONE]\n\n"
 
-    def chunk(self, choices: list[dict], usage: bool) -> str:
-        return f"data: {json.dumps(self.body(choices, usage))}\n\n"
+    def chunk(self, choices: list[dict], usage: bool) -> bytes:
+        """`data: {body}` as json.dumps would write the body, its fixed head encoded once per reply."""
+        if self.head is None:
+            self.head = json.dumps(self.body([], False))[:-3].encode()  # up to "choices": (its [] and } cut)
+        tail = f", \"usage\": {json.dumps(self.usage())}}}" if usage else "}"
+        return b"data: " + self.head + json.dumps(choices).encode() + tail.encode() + b"\n\n"
