@@ -13,6 +13,7 @@ then `data: [DONE]`."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import uuid
@@ -106,7 +107,6 @@ class Reply:
     def __init__(self, completion: Completion, model: str, echo: list[str] | None):
         self.completion, self.model, self.echo = completion, model, echo
         self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        self.head: bytes | None = None
 
     def echoed(self, index: int) -> str:
         return self.echo[index] if self.echo else ""
@@ -149,9 +149,12 @@ class Reply:
                 yield self.chunk([], True)
         yield "data: [DONE]\n\n"
 
+    @functools.cached_property
+    def head(self) -> bytes:
+        """The body's JSON up to `"choices": `, the same in every chunk of the reply (its [] and } cut)."""
+        return json.dumps(self.body([], False))[:-3].encode()
+
     def chunk(self, choices: list[dict], usage: bool) -> bytes:
         """`data: {body}` as json.dumps would write the body, its fixed head encoded once per reply."""
-        if self.head is None:
-            self.head = json.dumps(self.body([], False))[:-3].encode()  # up to "choices": (its [] and } cut)
         tail = f", \"usage\": {json.dumps(self.usage())}}}" if usage else "}"
         return b"data: " + self.head + json.dumps(choices).encode() + tail.encode() + b"\n\n"

@@ -130,7 +130,8 @@ class Completion:
             self.poke()
             timer = self.loop.call_later(min(DISCONNECT_POLL_S, max(0.0, deadline - time.perf_counter())), tick)
 
-        timer = self.loop.call_later(min(DISCONNECT_POLL_S, timeout), tick)
+        timer = None
+        tick()  # nothing waits yet: this only starts the timer
         try:
             while True:
                 if not self.arrived:
