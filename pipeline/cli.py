@@ -246,7 +246,7 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
                                                    "--no-continuous serves one request at a time.")] = True,
           timeout: Annotated[Optional[float], typer.Option(min=0.1, help="Seconds a request may run, 504 after (config serve.timeout_s, default 120).")] = None,
           http_processes: Annotated[Optional[int], typer.Option(min=0, help="HTTP processes relaying the one engine (config "
-                                                                "serve.http_processes; default 0: 4 with a GPU, 1 on a CPU).")] = None,
+                                                                "serve.http_processes; default 0: 8 with a GPU (at most half the cores), 1 on a CPU).")] = None,
           docs: Annotated[bool, typer.Option("--docs", metavar="", help="Also serve /docs and /openapi.json.")] = False) -> None:
     """Serve generation over HTTP: OpenAI's /v1/completions, /generate, /batch_generate, /health, /ready, /metrics."""
     try:

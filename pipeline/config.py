@@ -109,8 +109,8 @@ class ServeConfig:
     timeout_s: float = 120.0  # a request still running after this is stopped (504)
     max_body: int = 1 << 20  # request bodies over this many bytes get 413
     drain_s: float = 30.0  # on SIGTERM, how long requests in flight may still run before the server exits
-    # HTTP processes in front of the one engine; 0: 4 with a GPU (one event loop was the limit there,
-    # docs/performance.md), 1 on a CPU
+    # HTTP processes in front of the one engine; 0: 8 with a GPU, at most half the cores (one event loop
+    # was the limit there, docs/performance.md), 1 on a CPU
     http_processes: int = 0
 
 

@@ -10,7 +10,7 @@ The engine, a process of its own (serve.engine), owns the backend; one or more H
 (serve.server) each run this app over a channel to it. Its scheduler thread runs the
 requests (pipeline.runtime.scheduler): continuously batched on the static-cache backends
 (torch-compiled, triton), one at a time on the others; its graphs are captured before the app
-exists. The event loop never tokenises or waits on the device: it only hands requests over and
+exists. The event loop never waits on the device or tokenises a long prompt: it hands requests over and
 relays their tokens. A request whose client goes away, or that outlives its time limit, is
 cancelled: its rows leave the batch at the next step."""
 

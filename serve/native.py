@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -55,7 +54,7 @@ def native_routes(hub: Hub) -> APIRouter:
 
     async def start(texts: list[str], settings: GenerateSettings) -> Completion:
         sampling = settings.sampling(hub.eos)
-        ids = await asyncio.to_thread(hub.encode, texts, sampling, "max_new_tokens")
+        ids = await hub.tokenize(texts, sampling, "max_new_tokens")
         return hub.start(ids, sampling)
 
     def usage(completion: Completion, started: float) -> dict:

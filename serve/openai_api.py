@@ -12,7 +12,6 @@ then `data: [DONE]`."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import time
@@ -87,7 +86,7 @@ def openai_routes(hub: Hub, model_name: str, created: int) -> APIRouter:
         if req.logprobs is not None:
             raise UserError("logprobs: this server does not return log-probabilities; leave logprobs out")
         sampling, stops = req.sampling(hub.eos), req.stops()
-        ids = await asyncio.to_thread(hub.encode, req.prompts(), sampling, "max_tokens")
+        ids = await hub.tokenize(req.prompts(), sampling, "max_tokens")
         completion = hub.start(ids, sampling, stops)
         reply = Reply(completion, model_name, req.prompts() if req.echo else None)
         if req.stream:

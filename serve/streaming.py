@@ -21,6 +21,10 @@ from serve.errors import TimedOut
 from serve.metrics import ServeMetrics
 
 DISCONNECT_POLL_S = 0.25
+# prompts of up to this many characters together are tokenised on the event loop (about 0.1 ms for 500):
+# handing them to a worker thread cost more, since under load that thread waits for the loop's GIL
+# (docs/performance.md, "Serving: a lone request's first token")
+INLINE_CHARS = 2048
 
 
 class Relay:
@@ -194,9 +198,15 @@ class Hub:
     def eos(self) -> int:
         return self.tokenizer.eos_token_id
 
+    async def tokenize(self, texts: list[str], sampling: Sampling, length_option: str) -> list[list[int]]:
+        """`encode`, on the event loop for short prompts, on a worker thread for long ones."""
+        if sum(map(len, texts)) <= INLINE_CHARS:
+            return self.encode(texts, sampling, length_option)
+        return await asyncio.to_thread(self.encode, texts, sampling, length_option)
+
     def encode(self, texts: list[str], sampling: Sampling, length_option: str) -> list[list[int]]:
         """The prompts' tokens, checked with the sampling (count, empty prompts, context), or a
-        UserError naming what to change; run off the event loop (tokenising takes time)."""
+        UserError naming what to change."""
         if not 1 <= len(texts) <= self.max_prompts:
             raise UserError(f"prompt: give 1 to {self.max_prompts} prompts")
         sampling.check()

@@ -6,7 +6,8 @@ weights, triton fp16, prompts of 128 tokens, 128 new tokens, greedy. From the re
 through the engine's Outbox (as the code under PYTHONPATH has it: a sender thread before this change,
 the scheduler's own sends after) to four processes that drain the pipes, with the engine's GIL switch
 interval; MODE=plain: a no-op delivery; CHUNK=n: GREEDY_CHUNK; LEVELS=1,64: the client counts;
-SPY=path: a py-spy record of the 64-client level; GPU_TIMES=1: decode GPU times, in the scheduler API
+SPY=path: a py-spy record of the 64-client level; each level also prints the time to first token p50 / p90
+from a job's submission to its first delivery; GPU_TIMES=1: decode GPU times, in the scheduler API
 before this change only). The drain processes re-import this module (spawn) and can take longer
 than the warm-up to start reading: with the scheduler sending itself, its first level (1 client)
 then waits on full pipes, so that level's figure is the probe's, not the scheduler's."""
@@ -84,6 +85,7 @@ def main():
         wrap(sch, n)
     wrap(be, "replay_decode")
     tokens = [0]
+    ttfts = []  # seconds from a job's submission to its first delivered tokens
     import heapq, random
     rtt = float(os.environ.get("RTT_MS", "0")) / 1e3  # a client's turnaround between requests
     due, due_lock, rnd = [], threading.Lock(), random.Random(0)
@@ -106,9 +108,14 @@ def main():
     stop = [False]
 
     def new_job(k):
+        submitted, first = time.perf_counter(), [True]
+
         def deliver(item):
             if isinstance(item, list):
                 tokens[0] += 1
+                if first[0]:
+                    first[0] = False
+                    ttfts.append(time.perf_counter() - submitted)
             elif item is None and not stop[0]:
                 later(rtt * rnd.uniform(0.5, 1.5), k)
             elif isinstance(item, Exception):
@@ -130,7 +137,7 @@ def main():
         for k in range(clients):
             later(rnd.uniform(0, 0.1), k)  # staggered starts, as HTTP clients are
         time.sleep(3)
-        timers.clear(); calls.clear()
+        timers.clear(); calls.clear(); ttfts.clear()
         spy = None
         if clients == 64 and os.environ.get("SPY"):
             import subprocess
@@ -145,6 +152,8 @@ def main():
         steps = calls["launch"]
         print(f"[{MODE} rtt {rtt*1e3:.0f}ms] clients {clients}: {dn / dt:,.0f} tok/s, {steps / dt:,.0f} launches/s, "
               f"{dt / max(steps, 1) * 1e3:.3f} ms/launch, joins {calls['join']}, leaves {calls['leave']}", flush=True)
+        q = sorted(ttfts) or [0.0]
+        print(f"   TTFT ms p50 {q[len(q) // 2] * 1e3:.2f} p90 {q[len(q) * 9 // 10] * 1e3:.2f} ({len(q)} jobs)", flush=True)
         print("   per launch (us): " + ", ".join(f"{n} {timers[n] / max(steps, 1) * 1e6:.0f}({calls[n]})" for n in sorted(timers, key=lambda n: -timers[n])), flush=True)
         time.sleep(2)  # let the jobs finish
     os._exit(0)
