@@ -154,24 +154,44 @@ class Running:
     live: int
 
 
+class HostBuffers:
+    """Page-locked buffers of `size` token ids, each with an event, reused by the Readbacks: one allocated
+    and one event made per step took a tenth of the serving scheduler's host time at 64 clients
+    (docs/performance.md)."""
+
+    def __init__(self, size: int):
+        self.size, self.spare = size, []
+
+    def take(self) -> tuple[torch.Tensor, torch.cuda.Event]:
+        return self.spare.pop() if self.spare else (torch.empty(self.size, dtype=torch.long, pin_memory=True),
+                                                    torch.cuda.Event())
+
+    def give(self, buffer: tuple[torch.Tensor, torch.cuda.Event]) -> None:
+        self.spare.append(buffer)
+
+
 class Readback:
     """One step's tokens picked on the device, copied to page-locked host memory without waiting: the
     host reads them (tolist) after it has launched the next steps, so the device never waits for the host."""
 
-    def __init__(self, rows: list[Row | None], tokens: torch.Tensor):
+    def __init__(self, rows: list[Row | None], tokens: torch.Tensor, buffers: HostBuffers):
         self.rows = rows  # the rows as they were placed when the tokens were picked (None: free): tokens [len(rows)]
+        self.buffers, self.buffer = buffers, None
         if tokens.device.type == "cuda":
-            self.host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self.buffer = buffers.take()
+            self.host = self.buffer[0][:len(tokens)]
             self.host.copy_(tokens, non_blocking=True)
-            self.copied = torch.cuda.Event()
-            self.copied.record()
+            self.buffer[1].record()
         else:  # the next step may rewrite what `tokens` views (a greedy chunk's buffer)
-            self.host, self.copied = tokens.clone(), None
+            self.host = tokens.clone()
 
     def tolist(self) -> list[int]:
-        if self.copied is not None:
-            self.copied.synchronize()
-        return self.host.tolist()
+        if self.buffer is None:
+            return self.host.tolist()
+        self.buffer[1].synchronize()
+        tokens = self.host.tolist()
+        self.buffers.give(self.buffer)  # read: the next step's copy may overwrite it
+        return tokens
 
 
 class ContinuousScheduler(SchedulerBase):
@@ -211,6 +231,7 @@ class ContinuousScheduler(SchedulerBase):
         self.deferred: list[Job] = []  # taken from the queue, waiting for rows or room
         self.held = 0  # steps launched while the deferred jobs gathered
         self.unread: list[Readback] = []  # picked on the device, not yet read by the host
+        self.host_buffers = HostBuffers(max_rows)
         # a CPU computes a step as it is launched: nothing to overlap, and reading first delivers sooner
         self.overlap = backend.device.type == "cuda"
 
@@ -360,7 +381,7 @@ class ContinuousScheduler(SchedulerBase):
         lengths = torch.tensor([len(p) for _, _, p in prompts])
         self.positions_in.index_copy_(0, where, send(lengths, self.backend.device))
         self.live.index_fill_(0, where, 1)
-        self.unread.append(Readback(joined, tokens))  # one delivery: every prompt's first token
+        self.unread.append(Readback(joined, tokens, self.host_buffers))  # one delivery: every prompt's first token
 
     # stepping ---------------------------------------------------------------------------------
     def step(self) -> None:
@@ -404,13 +425,13 @@ class ContinuousScheduler(SchedulerBase):
         if not self.sampled and self.backend.fused_greedy:
             count = self.chunk(running)
             # each step's Readback as it is launched: its tokens are read as soon as that step is done
-            readbacks = [Readback(rows, tokens[:n]) for tokens in self.greedy_chunk(size, count)]
+            readbacks = [Readback(rows, tokens[:n], self.host_buffers) for tokens in self.greedy_chunk(size, count)]
         else:
             count = 1
             tokens = self.pick(rows, self.decode(size)[:n])
             self.tokens_in[:n].copy_(tokens)
             self.positions_in[:n].add_(self.live[:n])
-            readbacks = [Readback(rows, tokens)]
+            readbacks = [Readback(rows, tokens, self.host_buffers)]
         self.column += count
         if self.deferred:
             self.held += count

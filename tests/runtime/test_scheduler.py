@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from pipeline.runtime import scheduler as scheduling
 from pipeline.runtime.generate import Generator
@@ -51,9 +52,9 @@ def mixed_jobs(seed: int, count: int) -> list[tuple[list[list[int]], Sampling]]:
     return jobs
 
 
-def alone(model, prompts, sampling):
-    """What the job's prompts get one at a time, through the offline generator."""
-    backend = TorchCompiledBackend(model, "fp32", "cpu", compile=False)
+def alone(model, prompts, sampling, backend=None):
+    """What the job's prompts get one at a time, through the offline generator (on `backend`, or a CPU one)."""
+    backend = backend or TorchCompiledBackend(model, "fp32", "cpu", compile=False)
     return [Generator(backend, 0).generate([p], sampling)[0] for p in prompts]
 
 
@@ -96,6 +97,24 @@ def test_every_job_gets_the_tokens_it_gets_alone(model, monkeypatch, shift, over
             assert result.rows(sampling.stop_tokens) == want, (prompts, sampling)
     assert not scheduler.rows and not scheduler.running and scheduler.column == 0
     assert shift == 64 or sum(moves) >= 3  # the rows did move while running
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the pipelined steps' host copies run there")
+def test_on_a_gpu_every_job_gets_the_tokens_it_gets_alone(model):
+    """The GPU's way: graphs, greedy chunks, each step's tokens copied to reused page-locked buffers and
+    read while later steps run; greedy jobs, so that every step of the chunks is compared."""
+    scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cuda", compile=False), pad_id=0, max_rows=4)
+    scheduler.warm_up()
+    scheduler.start()
+    jobs = [(prompts, Sampling(max_new_tokens=sampling.max_new_tokens, stop_tokens=sampling.stop_tokens))
+            for prompts, sampling in mixed_jobs(2, 12)]
+    results = serve_jobs(scheduler, jobs, random.Random(3))
+    # one backend for every job alone: backends dropped one after another were collected during a later
+    # capture, and a graph destroyed while another is captured aborts the process
+    offline = TorchCompiledBackend(model, "fp32", "cuda", compile=False)
+    for (prompts, sampling), result in zip(jobs, results):
+        assert result.error is None and result.rows(sampling.stop_tokens) == alone(model, prompts, sampling, offline)
+    assert len(scheduler.host_buffers.spare) >= 2  # the copies' buffers came back to be reused
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["pipelined", "read-first"])

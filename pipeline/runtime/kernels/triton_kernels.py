@@ -312,7 +312,7 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
 
 
 @triton.jit
-def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, tokens_stride, step_ptr, position_ptr,
+def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, row_stride, step_stride, step_ptr, position_ptr,
                            advance_ptr, start_ptr, slot_mask_ptr, arrivals_ptr, wte_ptr, wpe_ptr, x_ptr, B, T, POSITIONS,
                            PARTIALS: tl.constexpr, BLOCK: tl.constexpr, C: tl.constexpr, BLOCK_C: tl.constexpr,
                            EMBED: tl.constexpr, PDL: tl.constexpr):
@@ -338,7 +338,7 @@ def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, toke
     column = tl.load(best_index_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=0)
     token = tl.sum(tl.where(i == tl.argmax(best, 0, tie_break_left=True), column, 0), 0).to(tl.int64)
     tl.store(token_ptr + row, token)
-    tl.store(tokens_ptr + row * tokens_stride + step, token)
+    tl.store(tokens_ptr + row * row_stride + step * step_stride, token)
     if EMBED:  # x's last reader, the LM head, has completed: the wait above saw to that
         e += tl.load(wte_ptr + token * C + c, mask=c < C, other=0.0).to(tl.float32)
         tl.store(x_ptr + row * C + c, e, mask=c < C)
@@ -528,7 +528,7 @@ def greedy_advance(best: torch.Tensor, best_index: torch.Tensor, token: torch.Te
     batch, partials = best.shape
     wte, wpe, x = embedding if embedding is not None else (best, best, best)  # stand-ins when not EMBED
     c = x.shape[1] if embedding is not None else 1
-    _greedy_advance_kernel[(batch,)](best, best_index, token, tokens, tokens.stride(0), step, position, advance,
+    _greedy_advance_kernel[(batch,)](best, best_index, token, tokens, tokens.stride(0), tokens.stride(1), step, position, advance,
                                      start, slot_mask, arrivals, wte, wpe, x, batch, slot_mask.shape[1], wpe.shape[0],
                                      PARTIALS=partials, BLOCK=triton.next_power_of_2(partials), C=c,
                                      BLOCK_C=triton.next_power_of_2(c), EMBED=embedding is not None, PDL=pdl,

@@ -38,7 +38,7 @@ class CacheSlot:
     advance: torch.Tensor  # [B, 1] how far a greedy step moves each position: 1 (the serving scheduler's free rows 0)
     start: torch.Tensor  # scalar int64: the slot the next decode step writes (a prefill takes its start from the host)
     step: torch.Tensor  # [1] int64: greedy_steps' column in greedy_tokens
-    greedy_tokens: torch.Tensor  # [B, T] int64: what greedy_steps yields, one column per step
+    greedy_tokens: torch.Tensor  # [B, T] int64: what greedy_steps yields, one column per step, each contiguous
     scratch: dict[str, torch.Tensor] = field(default_factory=dict)  # a subclass's own buffers
     decode: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None  # graph, its logits [B, V] fp32
     greedy: torch.cuda.CUDAGraph | None = None  # greedy_step, captured
@@ -111,8 +111,10 @@ class StaticCacheBackend(Backend):
         else:
             cache, marks = [t[:batch] for t in rows_of.cache], rows_of.slot_mask[:batch]
             inputs = rows_of.token[:batch], rows_of.position[:batch], rows_of.advance[:batch]
-        return CacheSlot(cache, marks, *inputs, torch.zeros((), **long), torch.zeros(1, **long),
-                         torch.zeros(batch, length, **long))
+        # a step's tokens contiguous: the serving scheduler copies each step's to the host as it completes,
+        # and a column of a row-major buffer took a gather kernel before every copy
+        steps = torch.zeros(length, batch, **long).t()
+        return CacheSlot(cache, marks, *inputs, torch.zeros((), **long), torch.zeros(1, **long), steps)
 
     def reset(self, batch: int, max_len: int) -> None:
         length = min(-(-max_len // CACHE_ROUNDING) * CACHE_ROUNDING, max(self.n_positions, max_len))

@@ -186,7 +186,8 @@ def test_greedy_advance_takes_the_first_largest_column_and_moves_the_inputs_on(b
     assert torch.equal(best, maxima[0]) and torch.equal(best_index, maxima[1]) and torch.equal(w, weights)
     with pytest.raises(ValueError, match="out is None"):
         fused_linear(x, w, None)
-    token, tokens, position = torch.zeros(3, 1, dtype=torch.long), torch.zeros(3, 4, dtype=torch.long), torch.tensor([[4], [2], [7]])
+    token, position = torch.zeros(3, 1, dtype=torch.long), torch.tensor([[4], [2], [7]])
+    tokens = torch.zeros(4, 3, dtype=torch.long).t()  # [rows, steps], each step's column contiguous (new_slot)
     advance = torch.tensor([[1], [0], [1]])
     step, start, slot_mask, arrivals = torch.tensor([2]), torch.tensor(5), torch.zeros(3, 8, dtype=torch.bool), torch.zeros(1, dtype=torch.int32)
     wpe, embedded = torch.randn(8, 32), torch.zeros(3, 32)  # 8 positions: row 2's next (8) is past the last
@@ -194,6 +195,7 @@ def test_greedy_advance_takes_the_first_largest_column_and_moves_the_inputs_on(b
                    embedding=(w, wpe, embedded))
     expected = logits.argmax(-1)
     assert expected[0] == 10 and torch.equal(token[:, 0], expected) and torch.equal(tokens[:, 2], expected)
+    assert tokens.count_nonzero() == expected.count_nonzero()  # nothing written in another step's column
     assert position.tolist() == [[5], [2], [8]] and int(start) == 6 and int(step) == 3 and int(arrivals) == 0
     assert slot_mask[:, 5].all() and slot_mask.sum() == 3  # the step's own slot, for the steps after it
     # the next step's input, as the embedding launch would make it (the last position where none is left)
