@@ -5,7 +5,7 @@ weights, triton fp16, prompts of 128 tokens, 128 new tokens, greedy. From the re
 (RTT_MS: each client's turnaround between requests, uniform in 0.5-1.5x; MODE=outbox: deliveries
 through the engine's Outbox (as the code under PYTHONPATH has it: a sender thread before this change,
 the scheduler's own sends after) to four processes that drain the pipes, with the engine's GIL switch
-interval; MODE=plain: a no-op delivery; CHUNK=n: GREEDY_CHUNK; LEVELS=1,64: the client counts;
+interval; MODE=plain: a no-op delivery; CHUNK=n: GREEDY_CHUNK; JOIN=n: JOIN_EVERY; LEVELS=1,64: the client counts;
 SPY=path: a py-spy record of the 64-client level; each level also prints the time to first token p50 / p90
 from a job's submission to its first delivery; GPU_TIMES=1: decode GPU times, in the scheduler API
 before this change only). The drain processes re-import this module (spawn) and can take longer
@@ -46,6 +46,8 @@ def main():
         flush = outbox.flush
     if os.environ.get("CHUNK"):
         S.GREEDY_CHUNK = int(os.environ["CHUNK"])
+    if os.environ.get("JOIN"):
+        S.JOIN_EVERY = int(os.environ["JOIN"])
     t = time.perf_counter()
     sch = S.make_scheduler(be, 0, 64, True, flush)
     print(f"warm_up {time.perf_counter() - t:.1f}s", flush=True)
