@@ -23,7 +23,7 @@ from serve.metrics import ServeMetrics
 DISCONNECT_POLL_S = 0.25
 # prompts of up to this many characters together are tokenised on the event loop (about 0.1 ms for 500):
 # handing them to a worker thread cost more, since under load that thread waits for the loop's GIL
-# (docs/performance.md, "Serving: a lone request's first token")
+# (docs/performance.md, "Serving: eight HTTP processes, short prompts tokenised on the event loop")
 INLINE_CHARS = 2048
 
 
