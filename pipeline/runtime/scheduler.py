@@ -214,6 +214,10 @@ class ContinuousScheduler(SchedulerBase):
         # hold position 0 and a departed row's token, and `live` 0 (the greedy step's advance) keeps them there
         self.tokens_in, self.positions_in, self.live = self.batch.token[:, 0], self.batch.position[:, 0], self.batch.advance[:, 0]
         self.live.zero_()
+        # each cache row's first filled slot, from which its attention reads (0 for a free row): rows of all
+        # ages share the column, and reading every row from column 0 made a step 21% slower at 64 rows
+        # than in an offline cache (docs/performance.md)
+        self.first_in = self.batch.first
         # prefills run into a cache of their own, views of it per row bucket, each prompt padded to a width
         # bucket: few prompt shapes, all captured at start-up (warm_up), none on a request's path
         joins = sorted({b for b in ROW_BUCKETS if b < min(JOIN_ROWS, max_rows)} | {min(JOIN_ROWS, max_rows)})
@@ -253,6 +257,7 @@ class ContinuousScheduler(SchedulerBase):
                     self.placed, self.running, self.column, self.unread, self.sampled = [], {}, 0, [], 0
                     self.positions_in.zero_()  # every row free now (leave's reason)
                     self.live.zero_()
+                    self.first_in.zero_()
                 self.flush()
 
     def warm_up(self) -> None:
@@ -377,9 +382,11 @@ class ContinuousScheduler(SchedulerBase):
             joined += rows
         tokens = torch.cat(picked)
         self.tokens_in.index_copy_(0, where, tokens)
-        # the first generated token's position: the prompt's length
+        # the first generated token's position: the prompt's length; the row's first filled slot: its prompt's
         lengths = torch.tensor([len(p) for _, _, p in prompts])
-        self.positions_in.index_copy_(0, where, send(lengths, self.backend.device))
+        at = send(torch.stack([lengths, self.column - lengths]), self.backend.device)
+        self.positions_in.index_copy_(0, where, at[0])
+        self.first_in.index_copy_(0, where, at[1])
         self.live.index_fill_(0, where, 1)
         self.unread.append(Readback(joined, tokens, self.host_buffers))  # one delivery: every prompt's first token
 
@@ -527,6 +534,7 @@ class ContinuousScheduler(SchedulerBase):
         could pass the context."""
         self.positions_in[index].zero_()
         self.live[index].zero_()
+        self.first_in[index].zero_()
 
     def compact(self) -> None:
         """Free cache rows at the end are dropped; while the running rows would fit a smaller row bucket
@@ -544,7 +552,7 @@ class ContinuousScheduler(SchedulerBase):
             held = slice(last.first_slot, self.column)
             for t in self.batch.cache:
                 t[hole, :, held].copy_(t[last.index, :, held])
-            for t in (self.batch.slot_mask, self.tokens_in, self.positions_in, self.live):
+            for t in (self.batch.slot_mask, self.tokens_in, self.positions_in, self.live, self.first_in):
                 t[hole].copy_(t[last.index])
             self.free(last.index)
             last.index, self.placed[hole] = hole, last
@@ -568,6 +576,7 @@ class ContinuousScheduler(SchedulerBase):
             t[:n, :, :kept].copy_(t[:n, :, empty:self.column].clone())
         marks = self.batch.slot_mask
         marks[:n, :kept].copy_(marks[:n, empty:self.column].clone())
+        self.first_in[:n].sub_(empty).clamp_(min=0)  # a free row's stays 0
         self.column = kept
         for r in rows:
             r.first_slot -= empty

@@ -7,8 +7,8 @@ through the engine's Outbox (as the code under PYTHONPATH has it: a sender threa
 the scheduler's own sends after) to four processes that drain the pipes, with the engine's GIL switch
 interval; MODE=plain: a no-op delivery; CHUNK=n: GREEDY_CHUNK; JOIN=n: JOIN_EVERY; LEVELS=1,64: the client counts;
 SPY=path: a py-spy record of the 64-client level; each level also prints the time to first token p50 / p90
-from a job's submission to its first delivery; GPU_TIMES=1: decode GPU times, in the scheduler API
-before this change only). The drain processes re-import this module (spawn) and can take longer
+from a job's submission to its first delivery; GPU_TIMES=1: decode GPU times in the wide cache (rows of
+spread ages where the scheduler keeps each row's first slot) and in an offline one). The drain processes re-import this module (spawn) and can take longer
 than the warm-up to start reading: with the scheduler sending itself, its first level (1 client)
 then waits on full pipes, so that level's figure is the probe's, not the scheduler's."""
 import collections, multiprocessing, os, sys, threading, time
@@ -63,8 +63,11 @@ def main():
             for rows in (1, 8, 64):
                 sch.column = 256
                 tok = torch.zeros(rows, 1, dtype=torch.long, device="cuda"); pos = torch.full((rows, 1), 200, dtype=torch.long, device="cuda")
-                wide = gpu_ms(lambda: sch.decode(rows, tok, pos))
-                chunk = gpu_ms(lambda: sch.greedy_chunk(rows, 8), 10) / 8
+                if hasattr(sch, "first_in"):  # rows of spread ages, as in steady serving: 128-256 filled slots each
+                    sch.first_in[:rows] = torch.linspace(128, 0, rows, device="cuda").long()
+                sch.tokens_in[:rows], sch.positions_in[:rows] = 0, 200
+                wide = gpu_ms(lambda: sch.decode(rows))
+                chunk = gpu_ms(lambda: collections.deque(sch.greedy_chunk(rows, 8), 0), 10) / 8
                 be.reset(rows, 256); be.slot.slot_mask[:] = True
                 narrow = gpu_ms(lambda: be.replay_decode(tok, pos, 200))
                 print(f"GPU ms/step rows {rows}: wide decode {wide:.3f}, wide greedy chunk {chunk:.3f}, offline-cache decode {narrow:.3f}", flush=True)

@@ -221,7 +221,7 @@ def _cache_block(k_cache_ptr, v_cache_ptr, slot_mask_ptr, cache, row, t, wanted,
 
 
 @triton.jit
-def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slot_ptr, out_ptr,
+def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slot_ptr, first_ptr, out_ptr,
                              partial_ptr, arrivals_ptr, cache_row_stride, cache_head_stride, scale,
                              T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
                              SHARE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, FILLED: tl.constexpr,
@@ -240,10 +240,11 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
     merge costs no launch. Shares are fixed slices of the cache (SHARE): a program past the step's
     slot has nothing to do, but every load's alignment and the walk's length are known at compile
     time (equal parts of the filled slots measured 3-10% slower per step where the cache is mostly
-    filled). FILLED: shares of the filled slots (up to the step's, whole blocks), for a cache much
-    wider than its filled part (the serving scheduler's), where fixed slices left one program a
-    (row, head) to walk every filled slot, and without splits walked the whole cache's blocks
-    (masked) to its end (docs/performance.md)."""
+    filled). FILLED: shares of the row's filled slots, from its first (first_ptr [B]: no slot before
+    it is live) up to the step's, in whole blocks, for a cache much wider than its filled part (the
+    serving scheduler's, whose rows of all ages share one column), where fixed slices left one
+    program a (row, head) to walk every filled slot, and without splits walked the whole cache's
+    blocks (masked) to its end (docs/performance.md)."""
     if PDL and EARLY:
         gdc_launch_dependents()
     row = tl.program_id(0)
@@ -251,8 +252,9 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
     d = tl.arange(0, D)
     slot = tl.load(slot_ptr)
     if FILLED:  # whole blocks, so every share starts block-aligned
-        share = tl.cdiv(slot + 1, SPLITS * BLOCK_T) * BLOCK_T
-        lo = tl.multiple_of(tl.program_id(2) * share, BLOCK_T)
+        base = tl.load(first_ptr + row) // BLOCK_T * BLOCK_T
+        share = tl.cdiv(slot + 1 - base, SPLITS * BLOCK_T) * BLOCK_T
+        lo = tl.multiple_of(base + tl.program_id(2) * share, BLOCK_T)
     else:
         share = SHARE
         lo = tl.program_id(2) * SHARE
@@ -481,11 +483,12 @@ def attention_partials(batch: int, heads: int, head_dim: int, config: AttentionC
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mask: torch.Tensor,
                      slot: torch.Tensor, out: torch.Tensor, partial: torch.Tensor, arrivals: torch.Tensor,
                      config: AttentionConfig | None = None, pdl: bool = False, early: bool = False,
-                     filled_shares: bool = False) -> None:
+                     first: torch.Tensor | None = None) -> None:
     """q/out [B, H * D]; caches [B, H, T, D] contiguous; slot_mask [B, T]; slot a device scalar;
     partial fp32 of attention_partials(...) and arrivals int32 [B, H] zeros, the split programs'
     meeting place (see _decode_attention_kernel). config overrides the tuned one; pdl and early as
-    fused_linear; filled_shares splits the filled slots rather than the cache (its FILLED)."""
+    fused_linear; first, each row's first filled slot [B] int64 (at most slot): the shares split
+    each row's filled slots from there rather than the cache (its FILLED)."""
     batch, heads, length, head_dim = k_cache.shape
     cfg = config or attention_config(batch)
     needed = attention_partials(batch, heads, head_dim, cfg)
@@ -493,10 +496,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError(f"partial is {tuple(partial.shape)}; this batch and config need {tuple(needed)}")
     share = triton.cdiv(length, cfg.splits)
     _decode_attention_kernel[(batch, heads, cfg.splits)](
-        q, k_cache, v_cache, slot_mask, slot, out, partial, arrivals, k_cache.stride(0), k_cache.stride(1),
+        q, k_cache, v_cache, slot_mask, slot, slot if first is None else first, out, partial, arrivals,
+        k_cache.stride(0), k_cache.stride(1),
         head_dim ** -0.5, T=length, H=heads, D=head_dim,
         BLOCK_T=min(cfg.block_t, triton.next_power_of_2(share)), SHARE=share, SPLITS=cfg.splits,
-        BLOCK_S=triton.next_power_of_2(cfg.splits), FILLED=filled_shares, PDL=pdl, EARLY=early, launch_pdl=pdl, num_warps=cfg.warps,
+        BLOCK_S=triton.next_power_of_2(cfg.splits), FILLED=first is not None, PDL=pdl, EARLY=early, launch_pdl=pdl, num_warps=cfg.warps,
         **({"maxnreg": cfg.registers} if cfg.registers else {}))
 
 

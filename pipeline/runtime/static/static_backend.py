@@ -36,6 +36,7 @@ class CacheSlot:
     token: torch.Tensor  # [B, 1] decode input
     position: torch.Tensor  # [B, 1]
     advance: torch.Tensor  # [B, 1] how far a greedy step moves each position: 1 (the serving scheduler's free rows 0)
+    first: torch.Tensor  # [B] int64: each row's first filled slot (0 but in the serving scheduler's wide cache)
     start: torch.Tensor  # scalar int64: the slot the next decode step writes (a prefill takes its start from the host)
     step: torch.Tensor  # [1] int64: greedy_steps' column in greedy_tokens
     greedy_tokens: torch.Tensor  # [B, T] int64: what greedy_steps yields, one column per step, each contiguous
@@ -102,15 +103,16 @@ class StaticCacheBackend(Backend):
 
     def new_slot(self, batch: int, length: int, rows_of: CacheSlot | None = None) -> CacheSlot:
         """A slot of its own cache, or, with rows_of, one whose cache, slot marks and per-row inputs (token,
-        position, advance) are the first `batch` rows of that slot's (a row-count bucket of a larger
+        position, advance, first) are the first `batch` rows of that slot's (a row-count bucket of a larger
         batch: rows in front are contiguous views, so every bucket reads the inputs where they are)."""
         long = dict(dtype=torch.long, device=self.device)
         if rows_of is None:
             cache, marks = self.net.new_cache(batch, length), torch.zeros(batch, length, dtype=torch.bool, device=self.device)
-            inputs = torch.zeros(batch, 1, **long), torch.zeros(batch, 1, **long), torch.ones(batch, 1, **long)
+            inputs = (torch.zeros(batch, 1, **long), torch.zeros(batch, 1, **long), torch.ones(batch, 1, **long),
+                      torch.zeros(batch, **long))
         else:
             cache, marks = [t[:batch] for t in rows_of.cache], rows_of.slot_mask[:batch]
-            inputs = rows_of.token[:batch], rows_of.position[:batch], rows_of.advance[:batch]
+            inputs = rows_of.token[:batch], rows_of.position[:batch], rows_of.advance[:batch], rows_of.first[:batch]
         # a step's tokens contiguous: the serving scheduler copies each step's to the host as it completes,
         # and a column of a row-major buffer took a gather kernel before every copy
         steps = torch.zeros(length, batch, **long).t()

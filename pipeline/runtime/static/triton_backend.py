@@ -96,9 +96,11 @@ class TritonBackend(StaticCacheBackend):
             # early at every batch: attention requests most of the cache before its wait
             fused_linear(x, net.qkv_w[i], q, net.qkv_b[i], ln=(self.qkv_sums[i], net.eps),
                          qkv=(keys, values, s.start, net.head_dim), pdl=pdl, early=pdl)
-            # a cache wider than the context is the serving scheduler's, mostly empty (docs/performance.md)
+            # a cache wider than the context is the serving scheduler's, mostly empty, its rows starting
+            # at different slots: each row's attention reads from its first (docs/performance.md)
             decode_attention(q, keys, values, s.slot_mask, s.start, attention, b["attention_partial"],
-                             b["attention_arrivals"], pdl=pdl, early=early, filled_shares=keys.shape[2] > self.n_positions)
+                             b["attention_arrivals"], pdl=pdl, early=early,
+                             first=s.first if keys.shape[2] > self.n_positions else None)
             fused_linear(attention, net.proj_w[i], x, net.proj_b[i], residual=True, pdl=pdl, early=early)
             fused_linear(x, net.fc_w[i], hidden, net.fc_b[i], ln=(self.fc_sums[i], net.eps), gelu=True, pdl=pdl,
                          early=early)

@@ -140,8 +140,9 @@ def test_attention_over_several_blocks_and_splits(block_t, splits, slot, filled)
     """The online softmax across blocks (BLOCK_T smaller than a program's share) and the merge of
     the split programs' partials equal one softmax over the live slots; padding slots and slots past
     the step's are left out, the step's own slot counts wherever it falls (first slot, inside a
-    share, last slot), whether the shares split the cache or its filled slots, and the arrival
-    counters are left at zero for the next launch."""
+    share, last slot), whether the shares split the cache or each row's filled slots (read from the
+    block that holds the row's first slot: the slots before that block are never read, live or not),
+    and the arrival counters are left at zero for the next launch."""
     from pipeline.runtime.kernels.triton_kernels import (
         AttentionConfig,
         attention_partials,
@@ -155,9 +156,13 @@ def test_attention_over_several_blocks_and_splits(block_t, splits, slot, filled)
     out, arrivals = torch.empty(b, h * d), torch.zeros(b, h, dtype=torch.int32)
     config = AttentionConfig(splits, warps=4, block_t=block_t)
     partial = torch.empty(attention_partials(b, h, d, config))
-    decode_attention(q, k, v, mask, torch.tensor(slot), out, partial, arrivals, config=config, filled_shares=filled)
+    first = torch.tensor([min(20, slot), min(25, slot)])  # row 0's slots before its first are marked live
+    decode_attention(q, k, v, mask, torch.tensor(slot), out, partial, arrivals, config=config,
+                     first=first if filled else None)
     own = torch.arange(t) == slot  # counts even where the mask says padding
-    live = ((mask & (torch.arange(t) <= slot)) | own)[:, None, None, :]
+    block = min(block_t, 1 << (-(-t // splits) - 1).bit_length())  # decode_attention's BLOCK_T
+    read = torch.arange(t) >= (first // block * block)[:, None] if filled else True
+    live = ((mask & read & (torch.arange(t) <= slot)) | own)[:, None, None, :]
     expected = torch.nn.functional.scaled_dot_product_attention(q.view(b, h, 1, d), k, v, attn_mask=live)
     torch.testing.assert_close(out, expected.reshape(b, h * d), rtol=1e-5, atol=1e-5)
     assert not arrivals.any()
@@ -259,13 +264,15 @@ def test_prefill_causal_attention_and_embedding_match_pytorch(seq):
 def test_the_serving_scheduler_on_these_kernels_gives_every_job_its_tokens_alone(monkeypatch):
     """The continuous scheduler's plain greedy rows take the greedy kernel's step at every row count,
     from inputs it keeps in place: jobs wait, join freed rows while others run (a free row's position
-    holds: its advance is 0) and leave at their lengths; each gets the tokens it gets alone. Driven
-    step by step (no thread)."""
+    holds: its advance is 0) and leave at their lengths, the rows shifting left as they go (each row's
+    attention reads from its first filled slot); each gets the tokens it gets alone. Driven step by
+    step (no thread)."""
     from pipeline.runtime import scheduler as scheduling
     torch.manual_seed(0)  # weights large enough that the picks change with what is attended (small ones repeat a token)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=512,
                                        initializer_range=0.3)).eval()
     monkeypatch.setattr(scheduling, "JOIN_EVERY", 2)  # the third job joins while the second runs
+    monkeypatch.setattr(scheduling, "SHIFT_COLUMNS", 2)  # the rows move left while they run, their first slots too
     scheduler = scheduling.ContinuousScheduler(TritonBackend(model, "fp32", "cpu"), pad_id=0, max_rows=2)
     jobs = [([PROMPTS[i]], Sampling(max_new_tokens=n)) for i, n in enumerate([2, 6, 3])]
     steps = [[] for _ in jobs]
@@ -274,5 +281,31 @@ def test_the_serving_scheduler_on_these_kernels_gives_every_job_its_tokens_alone
     while not all(got and got[-1] is None for got in steps):
         scheduler.admit(wait=False)
         scheduler.step()
+    reference = Generator(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0)
+    assert [[t[0] for t in got[:-1]] for got in steps] == [reference.generate(*job)[0] for job in jobs]
+
+
+def test_a_row_that_joined_at_a_late_column_reads_its_own_slots_after_the_rows_shift(monkeypatch):
+    """A short prompt joins while a long one runs, so its first slot lies blocks into the cache; once
+    the long one leaves, the rows shift left by that much, and the row's attention must follow its
+    first slot there (a stale one would skip the blocks that now hold its prompt)."""
+    from pipeline.runtime import scheduler as scheduling
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=128, vocab_size=512,
+                                       initializer_range=0.3)).eval()
+    monkeypatch.setattr(scheduling, "JOIN_EVERY", 1)
+    monkeypatch.setattr(scheduling, "SHIFT_COLUMNS", 2)
+    scheduler = scheduling.ContinuousScheduler(TritonBackend(model, "fp32", "cpu"), pad_id=0, max_rows=2)
+    jobs = [([list(range(1, 45))], Sampling(max_new_tokens=12)), ([list(range(5, 13))], Sampling(max_new_tokens=24))]
+    steps, firsts = [[], []], []
+    scheduler.submit(scheduling.Job(*jobs[0], steps[0].append))
+    scheduler.admit(wait=False)
+    scheduler.step()
+    scheduler.submit(scheduling.Job(*jobs[1], steps[1].append))
+    while not all(got and got[-1] is None for got in steps):
+        scheduler.admit(wait=False)
+        firsts += [r.first_slot for r in scheduler.rows if r.job.prompts == jobs[1][0]]
+        scheduler.step()
+    assert max(firsts) >= 40 and min(firsts) == 0  # it joined blocks in, and the shift brought it to the front
     reference = Generator(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0)
     assert [[t[0] for t in got[:-1]] for got in steps] == [reference.generate(*job)[0] for job in jobs]
