@@ -36,6 +36,7 @@ from pipeline.runtime.batch import Prompts
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.loader import open_backend
 from pipeline.runtime.portable.ort_backend import cpu_threads
+from pipeline.runtime.portable.ort_fused import CUDA_SESSION_CONFIG
 from pipeline.runtime.sampling import Sampling
 from pipeline.tokenizer import load_tokenizer
 
@@ -163,6 +164,8 @@ def environment(device: torch.device) -> dict:
         import onnxruntime
         env["onnxruntime"] = {"version": onnxruntime.__version__, "providers": onnxruntime.get_available_providers(),
                               "intra_op_threads": cpu_threads()}
+        if device.type == "cuda":
+            env["onnxruntime"]["ort_fused_session_config"] = CUDA_SESSION_CONFIG
     except ImportError:
         pass
     return env

@@ -39,9 +39,12 @@ def cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def session_options(fuse_qdq: bool):
+def session_options(fuse_qdq: bool, config: dict[str, str] | None = None):
+    """config: session config entries (ONNX Runtime ignores keys it does not know)."""
     ort = import_ort()
     options = ort.SessionOptions()
+    for key, value in (config or {}).items():
+        options.add_session_config_entry(key, value)
     # Extended/all levels fuse Q/DQ pairs into integer kernels on the CPU, which changes the
     # numbers being validated; basic keeps the graph's arithmetic as written.
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if fuse_qdq
@@ -52,7 +55,7 @@ def session_options(fuse_qdq: bool):
 
 
 def open_session(onnx_path: Path, contract: Contract, precision: str, device: torch.device, fuse_qdq: bool,
-                 cuda_options: dict | None = None):
+                 cuda_options: dict | None = None, session_config: dict[str, str] | None = None):
     """An InferenceSession on the device, checked to have the contract's inputs and outputs. On CUDA it
     works on torch's current stream, so torch's writes to bound inputs are ordered before each run."""
     ort = import_ort()
@@ -69,7 +72,7 @@ def open_session(onnx_path: Path, contract: Contract, precision: str, device: to
     else:
         providers = ["CPUExecutionProvider"]
     try:
-        session = ort.InferenceSession(str(onnx_path), session_options(fuse_qdq), providers=providers)
+        session = ort.InferenceSession(str(onnx_path), session_options(fuse_qdq, session_config), providers=providers)
     except Exception as e:  # onnxruntime raises its own types for a truncated or foreign file
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise UserError(f"{onnx_path}: ONNX Runtime cannot load it ({first}); rerun `gpt2-deploy export --force`") from None

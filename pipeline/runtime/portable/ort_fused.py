@@ -29,6 +29,9 @@ from pipeline.runtime.portable.ort_backend import (
 )
 
 NO_CAPTURE = "-1"  # ONNX Runtime's gpu_graph_id for a run that is neither captured nor replayed
+# A decode step's matmuls have a handful of rows: ONNX Runtime times its own small-row kernels against
+# cuBLAS's per shape and keeps the fastest (docs/performance.md, "ONNX Runtime target")
+CUDA_SESSION_CONFIG = {"ep.cuda.enable_gemm_auto_tune": "1"}
 
 
 class SharedCache:
@@ -64,7 +67,8 @@ class OrtFusedBackend(Backend):
         self.queued, self.done = (torch.cuda.Event(), torch.cuda.Event()) if self.capture else (None, None)
         self.session = open_session(onnx_path, self.contract, precision, self.device, fuse_qdq=True,
                                     cuda_options={"enable_cuda_graph": "1", "user_compute_stream": str(self.stream.cuda_stream)}
-                                    if self.capture else None)
+                                    if self.capture else None,
+                                    session_config=CUDA_SESSION_CONFIG if self.capture else None)
         dtypes = io_dtypes(self.session)
         self.kv_dtype, self.logits_dtype = dtypes[self.contract.past_names[0]], dtypes[LOGITS]
         if self.capture and self.kv_dtype == torch.float32:

@@ -36,3 +36,15 @@ def test_a_graph_without_a_contract_name_is_refused_by_name(exported_run, tmp_pa
     contract = Contract.from_hf_config(load_checkpoint(run.checkpoint).config)
     with pytest.raises(BackendUnavailable, match=r"not a graph of this pipeline's contract \(no position_ids\)"):
         OrtBackend(path, contract, "fp32", CPU)
+
+
+def test_session_config_entries_reach_the_session(exported_run):
+    from pipeline.runtime.portable.ort_backend import open_session
+    from pipeline.runtime.portable.ort_fused import CUDA_SESSION_CONFIG
+    _, run, _ = exported_run
+    contract = Contract.from_hf_config(load_checkpoint(run.checkpoint).config)
+    session = open_session(run.onnx("fp32") / "model.onnx", contract, "fp32", CPU, fuse_qdq=True,
+                           session_config=CUDA_SESSION_CONFIG)
+    options = session.get_session_options()
+    assert CUDA_SESSION_CONFIG and all(options.get_session_config_entry(key) == value
+                                       for key, value in CUDA_SESSION_CONFIG.items())
