@@ -6,7 +6,8 @@ weights, triton fp16, prompts of 128 tokens, 128 new tokens, greedy. From the re
 through the engine's Outbox (as the code under PYTHONPATH has it: a sender thread before this change,
 the scheduler's own sends after) to four processes that drain the pipes, with the engine's GIL switch
 interval; MODE=plain: a no-op delivery; CHUNK=n: GREEDY_CHUNK; JOIN=n: JOIN_EVERY; LEVELS=1,64: the client counts;
-SPY=path: a py-spy record of the 64-client level; each level also prints the time to first token p50 / p90
+SPY=path: a py-spy record of the 64-client level; WIDE_POSITIONS=n: the scheduler's cache 2n columns wide
+(GPU_TIMES); FIRST=uniform: every row's first slot 200 before the step's, the offline cache's span (GPU_TIMES); each level also prints the time to first token p50 / p90
 from a job's submission to its first delivery; GPU_TIMES=1: decode GPU times in the wide cache (rows of
 spread ages where the scheduler keeps each row's first slot) and in an offline one). The drain processes re-import this module (spawn) and can take longer
 than the warm-up to start reading: with the scheduler sending itself, its first level (1 client)
@@ -48,6 +49,8 @@ def main():
         S.GREEDY_CHUNK = int(os.environ["CHUNK"])
     if os.environ.get("JOIN"):
         S.JOIN_EVERY = int(os.environ["JOIN"])
+    if os.environ.get("WIDE_POSITIONS"):  # the scheduler's cache is 2 x n_positions columns wide
+        be.n_positions = int(os.environ["WIDE_POSITIONS"])
     t = time.perf_counter()
     sch = S.make_scheduler(be, 0, 64, True, flush)
     print(f"warm_up {time.perf_counter() - t:.1f}s", flush=True)
@@ -65,6 +68,8 @@ def main():
                 tok = torch.zeros(rows, 1, dtype=torch.long, device="cuda"); pos = torch.full((rows, 1), 200, dtype=torch.long, device="cuda")
                 if hasattr(sch, "first_in"):  # rows of spread ages, as in steady serving: 128-256 filled slots each
                     sch.first_in[:rows] = torch.linspace(128, 0, rows, device="cuda").long()
+                    if os.environ.get("FIRST") == "uniform":  # every row 200 slots, as the offline cache reads
+                        sch.first_in[:rows] = 56
                 sch.tokens_in[:rows], sch.positions_in[:rows] = 0, 200
                 wide = gpu_ms(lambda: sch.decode(rows))
                 chunk = gpu_ms(lambda: collections.deque(sch.greedy_chunk(rows, 8), 0), 10) / 8
@@ -137,7 +142,7 @@ def main():
         return job
 
     sch.start()
-    for clients in map(int, os.environ.get("LEVELS", "1,8,64").split(",")):
+    for clients in [int(n) for n in os.environ.get("LEVELS", "1,8,64").split(",") if n]:
         stop[0] = False
         for k in range(clients):
             later(rnd.uniform(0, 0.1), k)  # staggered starts, as HTTP clients are
