@@ -8,7 +8,8 @@ import torch
 from pipeline.contract import Contract
 from pipeline.model import load_checkpoint
 from pipeline.runtime.backend import BackendUnavailable
-from pipeline.runtime.portable.ort_backend import OrtBackend
+from pipeline.runtime.portable.ort_backend import OrtBackend, open_session
+from pipeline.runtime.portable.ort_fused import CUDA_SESSION_CONFIG
 
 CPU = torch.device("cpu")
 
@@ -39,8 +40,6 @@ def test_a_graph_without_a_contract_name_is_refused_by_name(exported_run, tmp_pa
 
 
 def test_session_config_entries_reach_the_session(exported_run):
-    from pipeline.runtime.portable.ort_backend import open_session
-    from pipeline.runtime.portable.ort_fused import CUDA_SESSION_CONFIG
     _, run, _ = exported_run
     contract = Contract.from_hf_config(load_checkpoint(run.checkpoint).config)
     session = open_session(run.onnx("fp32") / "model.onnx", contract, "fp32", CPU, fuse_qdq=True,
