@@ -34,19 +34,24 @@ def gpu_us(fn, n=200):
     return best
 
 
-for rows in (1, 8, 64):
-    q = torch.randn(rows, H * D, device=dev, dtype=torch.float16)
-    out = torch.empty_like(q)
-    partial = torch.zeros(attention_partials(rows, H, D), device=dev)
-    arrivals = torch.zeros(rows, H, dtype=torch.int32, device=dev)
-    slot = torch.tensor(SLOT, device=dev)
-    cfg = attention_config(rows)
-    line = [f"rows {rows:2d} (splits {cfg.splits}, block {cfg.block_t}):"]
-    for length, first_at in ((256, None), (256, 0), (2048, 0), (2048, 56), (2048, 128)):
-        k, v = (torch.randn(rows, H, length, D, device=dev, dtype=torch.float16) for _ in range(2))
-        mask = torch.zeros(rows, length, dtype=torch.bool, device=dev)
-        mask[:, :SLOT] = True
-        first = None if first_at is None else torch.full((rows,), first_at, dtype=torch.long, device=dev)
-        us = gpu_us(lambda: decode_attention(q, k, v, mask, slot, out, partial, arrivals, first=first))
-        line.append(f"{length} slots {'fixed' if first is None else f'FILLED from {first_at}'} {us:.2f}")
-    print("  ".join(line), flush=True)
+def main():
+    for rows in (1, 8, 64):
+        q = torch.randn(rows, H * D, device=dev, dtype=torch.float16)
+        out = torch.empty_like(q)
+        partial = torch.zeros(attention_partials(rows, H, D), device=dev)
+        arrivals = torch.zeros(rows, H, dtype=torch.int32, device=dev)
+        slot = torch.tensor(SLOT, device=dev)
+        cfg = attention_config(rows)
+        line = [f"rows {rows:2d} (splits {cfg.splits}, block {cfg.block_t}):"]
+        for length, first_at in ((256, None), (256, 0), (2048, 0), (2048, 56), (2048, 128)):
+            k, v = (torch.randn(rows, H, length, D, device=dev, dtype=torch.float16) for _ in range(2))
+            mask = torch.zeros(rows, length, dtype=torch.bool, device=dev)
+            mask[:, :SLOT] = True
+            first = None if first_at is None else torch.full((rows,), first_at, dtype=torch.long, device=dev)
+            us = gpu_us(lambda: decode_attention(q, k, v, mask, slot, out, partial, arrivals, first=first))
+            line.append(f"{length} slots {'fixed' if first is None else f'FILLED from {first_at}'} {us:.2f}")
+        print("  ".join(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

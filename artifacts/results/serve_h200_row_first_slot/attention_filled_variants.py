@@ -11,6 +11,7 @@ import pathlib
 import torch
 import triton
 
+from attention_filled_probe import gpu_us  # beside this file
 from pipeline.runtime.kernels import triton_kernels as tk
 
 src = inspect.getsource(tk._decode_attention_kernel.fn)
@@ -36,20 +37,6 @@ mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
 
 H, D, SLOT = 12, 64, 200
 dev = torch.device("cuda")
-
-
-def gpu_us(fn, n=200):
-    fn(); torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
-    best = float("inf")
-    for _ in range(3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); torch.cuda.synchronize()
-        best = min(best, a.elapsed_time(b) / n * 1e3)
-    return best
 
 
 def launch(kernel, q, k, v, mask, slot, first, out, partial, arrivals, cfg, filled):
