@@ -251,6 +251,7 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
     """Serve generation over HTTP: OpenAI's /v1/completions, /generate, /batch_generate, /health, /ready, /metrics."""
     try:
         from serve.server import (
+            hold_stop_signals,
             http_process_count,
             listen,
             serve_here,
@@ -270,13 +271,14 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
     tokenizer, count = load_tokenizer(rundir.checkpoint), http_process_count(settings, spec.device)
     failed = 0
     with listen(settings) as sock, EngineProcess(spec, tokenizer.eos_token_id, count) as engine:
+        heard = hold_stop_signals()  # a client may stop the server as soon as it reads the line below
         console.print(f"serve: {backend} {precision} from {rundir.root} on http://{settings.host}:{settings.port} "
                       f"(ready in {engine.info['startup_s']:.1f} s, {count} HTTP process{'es' if count > 1 else ''})",
                       markup=False)
         if count == 1:
-            serve_here(engine, sock, tokenizer, settings, name, docs)
+            serve_here(engine, sock, tokenizer, settings, name, docs, heard)
         else:
-            failed = serve_in_processes(engine, sock, count, rundir.checkpoint, settings, name, docs)
+            failed = serve_in_processes(engine, sock, count, rundir.checkpoint, settings, name, docs, heard)
     if failed:
         raise typer.Exit(failed)
 

@@ -5,9 +5,9 @@ loop at a full core was the limit at 64 streaming clients (docs/performance.md, 
 The drain: on SIGTERM (or Ctrl-C) /ready turns false and new generation requests get 503 while
 those in flight finish, for at most `drain_s`; then the server stops and the process exits 0. A
 second signal stops it at once. With several HTTP processes this process supervises: it forwards
-the signal to each, and exits once all have (non-zero if one failed). An HTTP process starts with
-those signals blocked and takes them once its server's handlers are in place, so a signal during
-its start-up drains it too rather than killing it."""
+the signal to each, and exits once all have (non-zero if one failed). From the line saying it is
+ready, a signal that comes before the handlers are in place is kept for them (an HTTP process of
+several starts with the signals blocked), so a signal during start-up drains too, not kills."""
 
 from __future__ import annotations
 
@@ -49,10 +49,11 @@ class DrainingServer(uvicorn.Server):
     """`supervised`: an HTTP process of several. A Ctrl-C reaches the whole process group, so it
     hears only the supervisor's SIGTERM, and it drains by itself if the supervisor is gone."""
 
-    def __init__(self, config: uvicorn.Config, service: Service, drain_s: float, supervised: bool = False):
+    def __init__(self, config: uvicorn.Config, service: Service, drain_s: float, supervised: bool = False,
+                 heard: list[int] | None = None):
         super().__init__(config)
         self.service, self.drain_s, self.drain_started = service, drain_s, None
-        self.supervised, self.supervisor = supervised, os.getppid()
+        self.supervised, self.supervisor, self.heard = supervised, os.getppid(), heard or []
 
     def handle_exit(self, sig, frame) -> None:
         # uvicorn's own handler stops at once and re-raises the signal afterwards (exit 143)
@@ -66,7 +67,10 @@ class DrainingServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        if self.supervised:  # uvicorn's handlers are in place (serve_in_processes blocked the signals)
+        # uvicorn's handlers are in place: take what came before them
+        for sig in self.heard:
+            self.handle_exit(sig, None)
+        if self.supervised:  # serve_in_processes blocked the signals
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     async def on_tick(self, counter: int) -> bool:
@@ -76,6 +80,15 @@ class DrainingServer(uvicorn.Server):
                                                or time.monotonic() - self.drain_started > self.drain_s):
             self.should_exit = True
         return await super().on_tick(counter)
+
+
+def hold_stop_signals() -> list[int]:
+    """-> the stop signals heard from now until the server's own handlers take over. A handler, not
+    a blocked mask: the engine's reader thread would take a signal blocked only in this one."""
+    heard = []
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda sig, _: heard.append(sig))
+    return heard
 
 
 def listen(settings: ServeConfig) -> socket.socket:
@@ -88,20 +101,21 @@ def listen(settings: ServeConfig) -> socket.socket:
                         "choose another port or stop what holds it") from None
 
 
-def run_http(service: Service, settings: ServeConfig, sock: socket.socket, supervised: bool) -> None:
+def run_http(service: Service, settings: ServeConfig, sock: socket.socket, supervised: bool,
+             heard: list[int] | None = None) -> None:
     config = uvicorn.Config(service.asgi, host=settings.host, port=settings.port, log_level="warning",
                             timeout_graceful_shutdown=FORCED_CLOSE_S, backlog=BACKLOG)
     try:
-        DrainingServer(config, service, settings.drain_s, supervised).run(sockets=[sock])
+        DrainingServer(config, service, settings.drain_s, supervised, heard).run(sockets=[sock])
     finally:
         service.engine.close()
 
 
 def serve_here(engine: EngineProcess, sock: socket.socket, tokenizer, settings: ServeConfig, model_name: str,
-               docs: bool) -> None:
+               docs: bool, heard: list[int]) -> None:
     """One HTTP process: this one."""
     run_http(create_service(engine.channels[0], engine.info, engine.waiting, tokenizer, settings, model_name, docs),
-             settings, sock, supervised=False)
+             settings, sock, supervised=False, heard=heard)
 
 
 def http_main(channel: tuple, info: dict, waiting, sock: socket.socket, checkpoint: Path, settings: ServeConfig,
@@ -114,7 +128,7 @@ def http_main(channel: tuple, info: dict, waiting, sock: socket.socket, checkpoi
 
 
 def serve_in_processes(engine: EngineProcess, sock: socket.socket, count: int, checkpoint: Path, settings: ServeConfig,
-                       model_name: str, docs: bool) -> int:
+                       model_name: str, docs: bool, heard: list[int]) -> int:
     """`count` HTTP processes on the listening socket, each with its channel to the engine; their
     metrics are summed through files in a folder of their own. -> the exit code."""
     metrics = tempfile.mkdtemp(prefix="gpt2deploy-metrics-")
@@ -140,6 +154,8 @@ def serve_in_processes(engine: EngineProcess, sock: socket.socket, count: int, c
             engine.release()
             signal.signal(signal.SIGTERM, stop_all)
             signal.signal(signal.SIGINT, stop_all)
+            if heard:
+                stop_all()
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         running, failed = list(processes), False

@@ -75,13 +75,15 @@ def test_several_http_processes_relay_one_engine_sum_their_metrics_and_drain(exp
         httpx.get(f"{url}/health", timeout=2)
 
 
-def test_a_sigterm_while_the_http_processes_start_drains_them_and_exits_0(exported_run, tmp_path):
-    """SIGTERM once the engine is ready, while the HTTP processes are still starting (importing,
-    loading the tokenizer): the signal waits until each one's server runs, which then drains; the
-    supervisor exits 0 without a traceback. It killed a process that had not started, exit 1."""
+@pytest.mark.parametrize("http_processes", ["1", "2"])
+def test_a_sigterm_right_after_the_ready_line_drains_and_exits_0(exported_run, tmp_path, http_processes):
+    """SIGTERM as soon as the server says it is ready, while its HTTP side is still starting
+    (importing, loading the tokenizer): the signal waits until the handlers are in place, then the
+    server drains and exits 0 without a traceback. It killed a process that had not started (exit
+    1), and a SIGTERM before the supervisor's handler was in place killed the supervisor (-15)."""
     _, run, _ = exported_run
     log = tmp_path / "server.log"
-    proc, _ = launch_server(run, log, "--http-processes", "2")
+    proc, _ = launch_server(run, log, "--http-processes", http_processes)
     deadline = time.monotonic() + STARTUP_S
     while "serve:" not in log.read_text():
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
