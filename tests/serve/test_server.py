@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +92,44 @@ def test_a_sigterm_right_after_the_ready_line_drains_and_exits_0(exported_run, t
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0, log.read_text()
     assert "Traceback" not in log.read_text()
+
+
+def _engine_pid(server: subprocess.Popen) -> int | None:
+    """The server's engine process (spawned by multiprocessing), once it exists."""
+    for child in Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split():
+        try:
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return int(child)
+        except FileNotFoundError:
+            pass
+    return None
+
+
+def _running(pid: int) -> bool:
+    """Whether the process exists and has not exited (a zombie waits for a reaper only)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_sigterm_while_the_engine_starts_stops_it_too_and_exits_143(exported_run, tmp_path):
+    """SIGTERM before the server is ready: the start-up ends as Ctrl-C ends it, one line and exit 143,
+    and the engine process (which ignores SIGTERM) is gone too: it was left loading."""
+    _, run, _ = exported_run
+    log = tmp_path / "server.log"
+    proc, _ = launch_server(run, log)
+    deadline = time.monotonic() + STARTUP_S
+    while (engine := _engine_pid(proc)) is None:
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143, log.read_text()
+    assert "stopped by SIGTERM while starting" in log.read_text() and "Traceback" not in log.read_text()
+    deadline = time.monotonic() + 10
+    while _running(engine) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(engine), f"engine process {engine} outlived the server"
 
 
 def test_a_port_in_use_is_one_line_before_the_engine_starts(exported_run, tmp_path):
