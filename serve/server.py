@@ -93,7 +93,8 @@ def stop_start_up_on_sigterm() -> None:
 
 def hold_stop_signals() -> list[int]:
     """-> the stop signals heard from now until the server's own handlers take over. A handler, not
-    a blocked mask: the engine's reader thread would take a signal blocked only in this one."""
+    a blocked mask: by then the process has other threads, and one of them would take a signal blocked
+    in this one only (its default action ends the process)."""
     heard = []
     for sig in STOP_SIGNALS:
         signal.signal(sig, lambda sig, _: heard.append(sig))
