@@ -29,7 +29,11 @@ import torch
 from pipeline.runtime.batch import left_pad, send
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.sampling import Sampling, next_tokens
-from pipeline.runtime.static.static_backend import PREFILL_GRAPHS, StaticCacheBackend
+from pipeline.runtime.static.static_backend import (
+    PREFILL_GRAPHS,
+    CacheSlot,
+    StaticCacheBackend,
+)
 
 SHIFT_COLUMNS = 64  # empty columns in front of every row that make the rows move left
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # decode graphs per row count: a step computes the bucket's rows
@@ -42,6 +46,11 @@ GREEDY_CHUNK = 8
 # while rows run, jobs that arrive gather for up to this many steps (or until JOIN_ROWS prompts wait) and
 # join in one prefill: under load a prefill at nearly every step took most of the GPU's time (docs/performance.md)
 JOIN_EVERY = 8
+
+
+def layered(s: CacheSlot) -> list[torch.Tensor]:
+    """The slot's cache as tensors [layers, B, H, T, D]: its one buffer, or each layer's alone."""
+    return [s.layers] if s.layers is not None else [t[None] for t in s.cache]
 
 
 @dataclass(eq=False)  # identity: a job is found in lists by itself, never by its fields
@@ -207,6 +216,8 @@ class ContinuousScheduler(SchedulerBase):
         # room for a row of the longest job to start anywhere up to the model's context
         self.columns = 2 * backend.n_positions
         self.batch = backend.new_slot(max_rows, self.columns)
+        # the cache as [layers, rows, H, T, D]: one copy for every layer where the backend keeps one buffer
+        self.layers = layered(self.batch)
         sizes = sorted({b for b in ROW_BUCKETS if b < max_rows} | {max_rows})
         self.buckets = {b: backend.new_slot(b, self.columns, rows_of=self.batch) for b in sizes}
         # each placed row's next input token and position, where every bucket's graphs read them (the
@@ -365,8 +376,8 @@ class ContinuousScheduler(SchedulerBase):
             width = self.width_of([p for _, _, p in chunk])
             logits, mask, prefilled = self.prefill([p for _, _, p in chunk], width)
             into, window = where[start:start + len(chunk)], slice(self.column - width, self.column)
-            for big, small in zip(self.batch.cache, prefilled.cache):
-                big[:, :, window].index_copy_(0, into, small[:len(chunk), :, :width])
+            for big, part in zip(self.layers, layered(prefilled)):
+                big[:, :, :, window].index_copy_(1, into, part[:, :len(chunk), :, :width])
             marks = self.batch.slot_mask
             marks.index_fill_(0, into, False)
             marks[:, window].index_copy_(0, into, mask.to(marks.dtype))
@@ -550,8 +561,8 @@ class ContinuousScheduler(SchedulerBase):
                 return
             hole, last = self.placed.index(None), self.placed.pop()
             held = slice(last.first_slot, self.column)
-            for t in self.batch.cache:
-                t[hole, :, held].copy_(t[last.index, :, held])
+            for t in self.layers:
+                t[:, hole, :, held].copy_(t[:, last.index, :, held])
             for t in (self.batch.slot_mask, self.tokens_in, self.positions_in, self.live, self.first_in):
                 t[hole].copy_(t[last.index])
             self.free(last.index)
@@ -572,8 +583,8 @@ class ContinuousScheduler(SchedulerBase):
         if empty == 0 or (not force and empty < SHIFT_COLUMNS):
             return
         n, kept = len(self.placed), self.column - empty
-        for t in self.batch.cache:
-            t[:n, :, :kept].copy_(t[:n, :, empty:self.column].clone())
+        for t in self.layers:
+            t[:, :n, :, :kept].copy_(t[:, :n, :, empty:self.column].clone())
         marks = self.batch.slot_mask
         marks[:n, :kept].copy_(marks[:n, empty:self.column].clone())
         self.first_in[:n].sub_(empty).clamp_(min=0)  # a free row's stays 0

@@ -68,15 +68,23 @@ def serve_jobs(scheduler, jobs, rng: random.Random) -> list[Collected]:
     return results
 
 
+class OneBufferBackend(TorchCompiledBackend):
+    """Every layer's cache in one buffer, as the triton backend keeps it: joins, shifts and compacts copy
+    all layers at once."""
+    cache_in_one_buffer = True
+
+
 @pytest.mark.parametrize("overlap", [True, False], ids=["pipelined", "read-first"])
-@pytest.mark.parametrize("shift", [64, 2], ids=["few-shifts", "shift-every-other-step"])
-def test_every_job_gets_the_tokens_it_gets_alone(model, monkeypatch, shift, overlap):
+@pytest.mark.parametrize("shift,backend", [(64, TorchCompiledBackend), (2, TorchCompiledBackend), (2, OneBufferBackend)],
+                         ids=["few-shifts", "shift-every-other-step", "shift-every-other-step-one-buffer"])
+def test_every_job_gets_the_tokens_it_gets_alone(model, monkeypatch, shift, backend, overlap):
     """Four rows for twelve jobs: jobs wait, join mid-run into freed rows, leave at their stop
-    token or length; with a small SHIFT_COLUMNS the rows also move left while they run. Pipelined
-    (a GPU's way: a step's tokens read while the next runs, stops seen a step late) and read first
-    (a CPU's)."""
+    token or length; with a small SHIFT_COLUMNS the rows also move left while they run (with the
+    layers' caches apart, and in one buffer). Pipelined (a GPU's way: a step's tokens read while the
+    next runs, stops seen a step late) and read first (a CPU's)."""
     monkeypatch.setattr(scheduling, "SHIFT_COLUMNS", shift)
-    scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=4)
+    scheduler = ContinuousScheduler(backend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=4)
+    assert (scheduler.batch.layers is not None) == backend.cache_in_one_buffer
     scheduler.overlap = overlap
     moves, shift_rows = [], scheduler.shift
 
@@ -265,13 +273,14 @@ def test_idle_rows_of_a_bucket_never_run_past_the_context(model):
     assert [r.rows(()) for r in results] == [alone(model, *job) for job in jobs]
 
 
-def test_a_row_that_leaves_frees_its_cache_row_in_place_and_rows_move_only_to_fit_a_smaller_bucket(model, monkeypatch):
+@pytest.mark.parametrize("backend", [TorchCompiledBackend, OneBufferBackend], ids=["layers-apart", "one-buffer"])
+def test_a_row_that_leaves_frees_its_cache_row_in_place_and_rows_move_only_to_fit_a_smaller_bucket(model, monkeypatch, backend):
     """Driven step by step (no thread, one step a launch), four rows of a 4-row bucket: the second
     leaves first and its cache row stays free in place (no row moves) until the next join fills it;
     once two rows are left, the last moves into the lowest free row so the 2-row bucket runs. Every
     job still gets the tokens it gets alone."""
     monkeypatch.setattr(scheduling, "GREEDY_CHUNK", 1)  # a chunk would end the second and third together
-    scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=4)
+    scheduler = ContinuousScheduler(backend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=4)
     jobs = [([[818, 262]], Sampling(max_new_tokens=12)), ([[464]], Sampling(max_new_tokens=2)),
             ([[2068, 7586]], Sampling(max_new_tokens=4)), ([[262, 818, 11]], Sampling(max_new_tokens=20))]
     results = [Collected() for _ in jobs]

@@ -463,16 +463,18 @@ class AttentionConfig:
     registers: int | None = None  # a cap per thread, where more programs per multiprocessor pay (ptxas' maxnreg)
 
 
-def attention_config(batch: int) -> AttentionConfig:
+def attention_config(batch: int, filled: bool = False) -> AttentionConfig:
     """Chosen by timing the whole decode step at batch 1, 8 and 64 on an H200 (docs/decode_notes_h200.md):
     a few rows leave most multiprocessors idle unless each head's cache walk is split. At batch 64
     the 3,072 one-warp programs fit the 132 multiprocessors at once only at 80 registers or fewer
-    (25 a multiprocessor; uncapped the kernel takes 96, and a second wave costs 15 us a step)."""
+    (25 a multiprocessor; uncapped the kernel takes 96, and a second wave costs 15 us a step).
+    `filled` (the FILLED shares) takes no cap: its walk needs 74-76 registers, and under a cap ptxas
+    spills it (docs/performance.md, "the FILLED attention spills under its register cap")."""
     if batch <= 4:
         return AttentionConfig(splits=8, warps=2, block_t=32)
     if batch <= 16:
         return AttentionConfig(splits=1, warps=8)
-    return AttentionConfig(splits=4, warps=1, block_t=16, registers=80)
+    return AttentionConfig(splits=4, warps=1, block_t=16, registers=None if filled else 80)
 
 
 def attention_partials(batch: int, heads: int, head_dim: int, config: AttentionConfig | None = None) -> torch.Size:
@@ -490,7 +492,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     fused_linear; first, each row's first filled slot [B] int64 (at most slot): the shares split
     each row's filled slots from there rather than the cache (its FILLED)."""
     batch, heads, length, head_dim = k_cache.shape
-    cfg = config or attention_config(batch)
+    cfg = config or attention_config(batch, filled=first is not None)
     needed = attention_partials(batch, heads, head_dim, cfg)
     if partial.shape != needed:
         raise ValueError(f"partial is {tuple(partial.shape)}; this batch and config need {tuple(needed)}")

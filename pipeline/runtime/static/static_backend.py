@@ -32,6 +32,7 @@ WARMUP_RUNS = 3  # before a capture: lets compilation and the allocator settle o
 class CacheSlot:
     """Everything a captured graph reads or writes, at addresses fixed for the slot's lifetime."""
     cache: list[torch.Tensor]  # 2L x [B, H, T, D]
+    layers: torch.Tensor | None  # [2L, B, H, T, D] that `cache` views, where the backend keeps one buffer
     slot_mask: torch.Tensor  # [B, T] bool: which slots hold real tokens
     token: torch.Tensor  # [B, 1] decode input
     position: torch.Tensor  # [B, 1]
@@ -83,6 +84,9 @@ def capture(fn: Callable[[], torch.Tensor], device: torch.device, pool=None) -> 
 class StaticCacheBackend(Backend):
     fused_greedy = True  # greedy_steps: one graph replay a token
     fold_layer_norms = False  # StaticGPT2's option: for kernels that fuse each norm into the product after it
+    # every layer's cache in one buffer (CacheSlot.layers): the serving scheduler copies rows of all layers
+    # in one launch; not for torch.compile, which copies a whole base buffer where a step writes a view
+    cache_in_one_buffer = False
     prefill_ops = TorchOps  # StaticGPT2's option: what the prefill's elementwise work runs as
 
     def __init__(self, model: GPT2LMHeadModel, precision: str, device: str | torch.device, cuda_graphs: bool | None = None):
@@ -107,16 +111,19 @@ class StaticCacheBackend(Backend):
         batch: rows in front are contiguous views, so every bucket reads the inputs where they are)."""
         long = dict(dtype=torch.long, device=self.device)
         if rows_of is None:
-            cache, marks = self.net.new_cache(batch, length), torch.zeros(batch, length, dtype=torch.bool, device=self.device)
+            layers = self.net.new_cache(batch, length, one_buffer=True) if self.cache_in_one_buffer else None
+            cache = list(layers.unbind(0)) if layers is not None else self.net.new_cache(batch, length)
+            marks = torch.zeros(batch, length, dtype=torch.bool, device=self.device)
             inputs = (torch.zeros(batch, 1, **long), torch.zeros(batch, 1, **long), torch.ones(batch, 1, **long),
                       torch.zeros(batch, **long))
         else:
             cache, marks = [t[:batch] for t in rows_of.cache], rows_of.slot_mask[:batch]
+            layers = rows_of.layers[:, :batch] if rows_of.layers is not None else None
             inputs = rows_of.token[:batch], rows_of.position[:batch], rows_of.advance[:batch], rows_of.first[:batch]
         # a step's tokens contiguous: the serving scheduler copies each step's to the host as it completes,
         # and a column of a row-major buffer took a gather kernel before every copy
         steps = torch.zeros(length, batch, **long).t()
-        return CacheSlot(cache, marks, *inputs, torch.zeros((), **long), torch.zeros(1, **long), steps)
+        return CacheSlot(cache, layers, marks, *inputs, torch.zeros((), **long), torch.zeros(1, **long), steps)
 
     def reset(self, batch: int, max_len: int) -> None:
         length = min(-(-max_len // CACHE_ROUNDING) * CACHE_ROUNDING, max(self.n_positions, max_len))

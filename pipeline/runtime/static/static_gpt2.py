@@ -70,13 +70,15 @@ class StaticGPT2(torch.nn.Module):
             added = torch.stack([self.proj_b, self.fc2_b], 1).flatten(0, 1).float().cumsum(0)
             self.register_buffer("residual_biases", F.pad(added, (0, 0, 1, 0)), persistent=False)
 
-    def new_cache(self, batch: int, max_len: int) -> list[torch.Tensor]:
+    def new_cache(self, batch: int, max_len: int, one_buffer: bool = False) -> list[torch.Tensor] | torch.Tensor:
         """2L tensors [B, H, T, D] (layer i's keys at 2i, values at 2i + 1), zeroed so unused slots
-        hold finite values. Separate tensors, not views of one buffer: torch.compile turns an
-        in-place write into a view of a graph input into a copy of the whole base buffer, which at
-        batch 64 costs more than the step itself."""
-        return [torch.zeros(batch, self.n_head, max_len, self.head_dim, dtype=self.wte.dtype, device=self.wte.device)
-                for _ in range(2 * self.n_layer)]
+        hold finite values; with one_buffer, one tensor [2L, B, H, T, D]. Separate tensors by default:
+        torch.compile turns an in-place write into a view of a graph input into a copy of the whole
+        base buffer, which at batch 64 costs more than the step itself."""
+        shape = (batch, self.n_head, max_len, self.head_dim)
+        if one_buffer:
+            return torch.zeros(2 * self.n_layer, *shape, dtype=self.wte.dtype, device=self.wte.device)
+        return [torch.zeros(shape, dtype=self.wte.dtype, device=self.wte.device) for _ in range(2 * self.n_layer)]
 
     def prefill(self, input_ids: torch.Tensor, position_ids: torch.Tensor, slot_mask: torch.Tensor,
                 cache: list[torch.Tensor], start: int = 0, last_only: bool = False, causal: bool = False) -> torch.Tensor:

@@ -31,6 +31,7 @@ class TritonBackend(StaticCacheBackend):
     # the prefill's layer norms take the residual adds (the first the embedding), GELU goes into
     # cuBLASLt's epilogue, causal attention writes the cache as it reads the keys (prefill_kernels)
     prefill_ops = TritonOps
+    cache_in_one_buffer = True
 
     def __init__(self, model, precision: str = "fp16", device="cuda", cuda_graphs: bool | None = None):
         head_dim = model.config.n_embd // model.config.n_head
