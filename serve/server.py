@@ -4,10 +4,12 @@ loop at a full core was the limit at 64 streaming clients (docs/performance.md, 
 
 The drain: on SIGTERM (or Ctrl-C) /ready turns false and new generation requests get 503 while
 those in flight finish, for at most `drain_s`; then the server stops and the process exits 0. A
-second signal stops it at once. With several HTTP processes this process supervises: it forwards
-the signal to each, and exits once all have (non-zero if one failed). From the line saying it is
-ready, a signal that comes before the handlers are in place is kept for them (an HTTP process of
-several starts with the signals blocked), so a signal during start-up drains too, not kills."""
+second signal stops it at once. With several HTTP processes this process supervises: it passes
+each signal on as an order to every HTTP process (they keep the signals blocked for life and read
+the orders each tick, so a signal sent to the whole process group, as systemd sends it, counts once,
+not twice), and exits once all have (non-zero if one failed). From the line saying it is ready, a
+signal that comes before the handlers are in place is kept for them, so a signal during start-up
+drains too, not kills."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import signal
 import socket
 import tempfile
 import time
+from ctypes import c_int
 from multiprocessing.connection import wait
 from pathlib import Path
 
@@ -46,19 +49,19 @@ def http_process_count(settings: ServeConfig, device: str) -> int:
 
 
 class DrainingServer(uvicorn.Server):
-    """`supervised`: an HTTP process of several. A Ctrl-C reaches the whole process group, so it
-    hears only the supervisor's SIGTERM, and it drains by itself if the supervisor is gone."""
+    """`orders`: an HTTP process of several, whose stop signals stay blocked: it counts the supervisor's
+    stop orders instead (the first drains, the second stops at once), and drains by itself if the
+    supervisor is gone. A signal to the whole process group (Ctrl-C, systemd's stop) reached it twice,
+    itself and forwarded, and the second cut its streams (docs/performance.md, "Found on the way")."""
 
-    def __init__(self, config: uvicorn.Config, service: Service, drain_s: float, supervised: bool = False,
-                 heard: list[int] | None = None):
+    def __init__(self, config: uvicorn.Config, service: Service, drain_s: float,
+                 orders: c_int | None = None, heard: list[int] | None = None):
         super().__init__(config)
         self.service, self.drain_s, self.drain_started = service, drain_s, None
-        self.supervised, self.supervisor, self.heard = supervised, os.getppid(), heard or []
+        self.orders, self.obeyed, self.supervisor, self.heard = orders, 0, os.getppid(), heard or []
 
     def handle_exit(self, sig, frame) -> None:
         # uvicorn's own handler stops at once and re-raises the signal afterwards (exit 143)
-        if self.supervised and sig == signal.SIGINT:
-            return
         if self.drain_started is None:
             self.drain_started = time.monotonic()
             self.service.admission.draining = True
@@ -70,12 +73,14 @@ class DrainingServer(uvicorn.Server):
         # uvicorn's handlers are in place: take what came before them
         for sig in self.heard:
             self.handle_exit(sig, None)
-        if self.supervised:  # serve_in_processes blocked the signals
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     async def on_tick(self, counter: int) -> bool:
-        if self.supervised and self.drain_started is None and os.getppid() != self.supervisor:
-            self.handle_exit(signal.SIGTERM, None)
+        if self.orders is not None:
+            while self.obeyed < self.orders.value:
+                self.obeyed += 1
+                self.handle_exit(signal.SIGTERM, None)
+            if self.drain_started is None and os.getppid() != self.supervisor:
+                self.handle_exit(signal.SIGTERM, None)
         if self.drain_started is not None and (self.service.admission.in_flight == 0
                                                or time.monotonic() - self.drain_started > self.drain_s):
             self.should_exit = True
@@ -111,12 +116,12 @@ def listen(settings: ServeConfig) -> socket.socket:
                         "choose another port or stop what holds it") from None
 
 
-def run_http(service: Service, settings: ServeConfig, sock: socket.socket, supervised: bool,
-             heard: list[int] | None = None) -> None:
+def run_http(service: Service, settings: ServeConfig, sock: socket.socket,
+             orders: c_int | None = None, heard: list[int] | None = None) -> None:
     config = uvicorn.Config(service.asgi, host=settings.host, port=settings.port, log_level="warning",
                             timeout_graceful_shutdown=FORCED_CLOSE_S, backlog=BACKLOG)
     try:
-        DrainingServer(config, service, settings.drain_s, supervised, heard).run(sockets=[sock])
+        DrainingServer(config, service, settings.drain_s, orders, heard).run(sockets=[sock])
     finally:
         service.engine.close()
 
@@ -125,16 +130,17 @@ def serve_here(engine: EngineProcess, sock: socket.socket, tokenizer, settings: 
                docs: bool, heard: list[int]) -> None:
     """One HTTP process: this one."""
     run_http(create_service(engine.channels[0], engine.info, engine.waiting, tokenizer, settings, model_name, docs),
-             settings, sock, supervised=False, heard=heard)
+             settings, sock, heard=heard)
 
 
 def http_main(channel: tuple, info: dict, waiting, sock: socket.socket, checkpoint: Path, settings: ServeConfig,
-              model_name: str, docs: bool) -> None:
-    """An HTTP process of several: its own app and tokenizer, on the shared socket."""
+              model_name: str, docs: bool, orders: c_int) -> None:
+    """An HTTP process of several: its own app and tokenizer, on the shared socket, its stop signals
+    blocked (inherited from serve_in_processes) for the supervisor's orders."""
     from pipeline.tokenizer import load_tokenizer
 
     run_http(create_service(channel, info, waiting, load_tokenizer(checkpoint), settings, model_name, docs), settings,
-             sock, supervised=True)
+             sock, orders)
 
 
 def serve_in_processes(engine: EngineProcess, sock: socket.socket, count: int, checkpoint: Path, settings: ServeConfig,
@@ -144,18 +150,19 @@ def serve_in_processes(engine: EngineProcess, sock: socket.socket, count: int, c
     metrics = tempfile.mkdtemp(prefix="gpt2deploy-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics  # read as the HTTP processes import prometheus-client
     context = multiprocessing.get_context("spawn")
+    # stop orders given, read by the HTTP processes each tick; no lock: one writer, and a reader killed
+    # holding it would leave the supervisor's signal handler waiting for ever
+    orders = context.Value("i", 0, lock=False)
     processes = [context.Process(target=http_main, name=f"http-{i}",
                                  args=(engine.channels[i], engine.info, engine.waiting, sock, checkpoint, settings,
-                                       model_name, docs))
+                                       model_name, docs, orders))
                  for i in range(count)]
 
     def stop_all(*_) -> None:
-        for process in processes:
-            if process.is_alive():
-                os.kill(process.pid, signal.SIGTERM)
+        orders.value += 1
 
-    # the HTTP processes inherit the blocked signals (DrainingServer.startup takes them), and one sent
-    # here meanwhile waits for stop_all
+    # the HTTP processes inherit the blocked signals and keep them so, and one sent here meanwhile waits
+    # for stop_all
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         try:

@@ -24,15 +24,17 @@ def _free_port() -> int:
 LAUNCHED: list[subprocess.Popen] = []  # every server started, for no_server_outlives_its_test
 
 
-def launch_server(run, log: Path, *options: str) -> tuple[subprocess.Popen, int]:
-    """`gpt2-deploy serve` on the micro model in its own process, started: (process, port)."""
+def launch_server(run, log: Path, *options: str, own_group: bool = False) -> tuple[subprocess.Popen, int]:
+    """`gpt2-deploy serve` on the micro model in its own process, started: (process, port); with
+    `own_group`, in a process group of its own, as a service manager starts it."""
     port = _free_port()
     cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--artifacts", str(run.root.parent), "--run", run.root.name,
            "--device", "cpu", "--backend", "ort", "--precision", "fp32", "--port", str(port), "--set", "model.n_positions=256",
            *options]
     for s in MICRO:
         cmd += ["--set", s]
-    LAUNCHED.append(subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True))
+    LAUNCHED.append(subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=own_group))
     return LAUNCHED[-1], port
 
 
@@ -54,9 +56,9 @@ def no_server_outlives_its_test():
     del LAUNCHED[before:]
 
 
-def start_server(run, log: Path, *options: str):
+def start_server(run, log: Path, *options: str, own_group: bool = False):
     """launch_server's server; (process, url) once /health answers."""
-    proc, port = launch_server(run, log, *options)
+    proc, port = launch_server(run, log, *options, own_group=own_group)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:

@@ -2,6 +2,7 @@
 and the process exits 0."""
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -20,9 +21,13 @@ httpx = pytest.importorskip("httpx", reason="the [serve] extra is not installed"
 DRAINING = {"prompt": ["The module"] * 16, "max_new_tokens": 200, "ignore_eos": True, "stream": True}
 
 
-def test_sigterm_drains_in_flight_requests_and_exits_0(exported_run, tmp_path):
+@pytest.mark.parametrize("http_processes,to_group", [("1", False), ("2", True)],
+                         ids=["to-the-server", "to-its-process-group"])
+def test_sigterm_drains_in_flight_requests_and_exits_0(exported_run, tmp_path, http_processes, to_group):
+    """Also a SIGTERM to the whole process group, as systemd stops a service, with two HTTP processes:
+    each heard it once from the group and once from the supervisor, and the second cut the stream."""
     _, run, _ = exported_run
-    proc, url = start_server(run, tmp_path / "server.log")
+    proc, url = start_server(run, tmp_path / "server.log", "--http-processes", http_processes, own_group=to_group)
     lines, started = [], threading.Event()
 
     def stream():
@@ -35,7 +40,10 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(exported_run, tmp_path):
     reader = threading.Thread(target=stream)
     reader.start()
     assert started.wait(30)
-    proc.send_signal(signal.SIGTERM)
+    if to_group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 5
     while httpx.get(f"{url}/ready", timeout=5).status_code != 503 and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -48,6 +56,7 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(exported_run, tmp_path):
                  for row in json.loads(line[6:])["tokens"])
     assert lines[-2:] == ["event: done", "data: {}"] and tokens == 16 * 200
     assert proc.wait(timeout=30) == 0, (tmp_path / "server.log").read_text()
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
 
 
 def test_several_http_processes_relay_one_engine_sum_their_metrics_and_drain(exported_run, tmp_path):

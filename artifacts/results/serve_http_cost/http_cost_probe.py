@@ -53,7 +53,7 @@ def http_process(tree, channel, waiting, checkpoint):
     settings = ServeConfig(port=PORT, queue=1024)
     info = {"backend": "stand-in", "precision": "fp16", "device": "cpu", "context": 1024, "scheduler": "continuous"}
     service = create_service(channel, info, waiting, load_tokenizer(checkpoint), settings, "m")
-    run_http(service, settings, listen(settings), supervised=False)
+    run_http(service, settings, listen(settings))
 
 
 def cpu_seconds(pid):
