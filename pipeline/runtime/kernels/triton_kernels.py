@@ -468,13 +468,16 @@ def attention_config(batch: int, filled: bool = False) -> AttentionConfig:
     a few rows leave most multiprocessors idle unless each head's cache walk is split. At batch 64
     the 3,072 one-warp programs fit the 132 multiprocessors at once only at 80 registers or fewer
     (25 a multiprocessor; uncapped the kernel takes 96, and a second wave costs 15 us a step).
-    `filled` (the FILLED shares) takes no cap: its walk needs 74-76 registers, and under a cap ptxas
-    spills it (docs/performance.md, "the FILLED attention spills under its register cap")."""
+    `filled` (the FILLED shares, the serving scheduler's): one-warp programs over 16-slot blocks, more
+    of them the fewer the rows, and no cap: its walk needs 74-76 registers, and under a cap ptxas
+    spills it (docs/performance.md, "the FILLED attention without its register cap")."""
+    if filled:
+        return AttentionConfig(splits=16 if batch <= 4 else 8 if batch <= 16 else 4, warps=1, block_t=16)
     if batch <= 4:
         return AttentionConfig(splits=8, warps=2, block_t=32)
     if batch <= 16:
         return AttentionConfig(splits=1, warps=8)
-    return AttentionConfig(splits=4, warps=1, block_t=16, registers=None if filled else 80)
+    return AttentionConfig(splits=4, warps=1, block_t=16, registers=80)
 
 
 def attention_partials(batch: int, heads: int, head_dim: int, config: AttentionConfig | None = None) -> torch.Size:

@@ -12,6 +12,7 @@ from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.kernels.prefill_kernels import TritonOps
 from pipeline.runtime.kernels.triton_kernels import (
     argmax_partials,
+    attention_config,
     attention_partials,
     decode_attention,
     embed,
@@ -62,12 +63,18 @@ class TritonBackend(StaticCacheBackend):
                      "normalized": torch.empty(batch, net.n_embd, dtype=dtype, device=self.device),  # the LM head's input
                      "logits": torch.empty(batch, self.vocab_size, **f32)}
         partials = argmax_partials(batch, self.vocab_size, net.n_embd)  # greedy_step's argmax, in two stages
+        split = attention_config(batch, filled=self.reads_from_first(length))
         s.scratch.update(best=torch.empty(batch, partials, **f32),
                          best_index=torch.empty(batch, partials, dtype=torch.int32, device=self.device),
                          arrivals=torch.zeros(1, dtype=torch.int32, device=self.device),
-                         attention_partial=torch.empty(attention_partials(batch, net.n_head, net.head_dim), **f32),
+                         attention_partial=torch.empty(attention_partials(batch, net.n_head, net.head_dim, split), **f32),
                          attention_arrivals=torch.zeros(batch, net.n_head, dtype=torch.int32, device=self.device))
         return s
+
+    def reads_from_first(self, length: int) -> bool:
+        """A cache wider than the context is the serving scheduler's, mostly empty, its rows starting at
+        different slots: each row's attention reads from its first (docs/performance.md)."""
+        return length > self.n_positions
 
     def prepare_greedy(self, s: CacheSlot) -> None:
         """The first greedy step's input; greedy_advance writes each later step's."""
@@ -97,11 +104,9 @@ class TritonBackend(StaticCacheBackend):
             # early at every batch: attention requests most of the cache before its wait
             fused_linear(x, net.qkv_w[i], q, net.qkv_b[i], ln=(self.qkv_sums[i], net.eps),
                          qkv=(keys, values, s.start, net.head_dim), pdl=pdl, early=pdl)
-            # a cache wider than the context is the serving scheduler's, mostly empty, its rows starting
-            # at different slots: each row's attention reads from its first (docs/performance.md)
             decode_attention(q, keys, values, s.slot_mask, s.start, attention, b["attention_partial"],
                              b["attention_arrivals"], pdl=pdl, early=early,
-                             first=s.first if keys.shape[2] > self.n_positions else None)
+                             first=s.first if self.reads_from_first(keys.shape[2]) else None)
             fused_linear(attention, net.proj_w[i], x, net.proj_b[i], residual=True, pdl=pdl, early=early)
             fused_linear(x, net.fc_w[i], hidden, net.fc_b[i], ln=(self.fc_sums[i], net.eps), gelu=True, pdl=pdl,
                          early=early)
