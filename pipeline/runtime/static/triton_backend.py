@@ -63,11 +63,11 @@ class TritonBackend(StaticCacheBackend):
                      "normalized": torch.empty(batch, net.n_embd, dtype=dtype, device=self.device),  # the LM head's input
                      "logits": torch.empty(batch, self.vocab_size, **f32)}
         partials = argmax_partials(batch, self.vocab_size, net.n_embd)  # greedy_step's argmax, in two stages
-        split = attention_config(batch, filled=self.reads_from_first(length))
+        shares = attention_config(batch, filled=self.reads_from_first(length))
         s.scratch.update(best=torch.empty(batch, partials, **f32),
                          best_index=torch.empty(batch, partials, dtype=torch.int32, device=self.device),
                          arrivals=torch.zeros(1, dtype=torch.int32, device=self.device),
-                         attention_partial=torch.empty(attention_partials(batch, net.n_head, net.head_dim, split), **f32),
+                         attention_partial=torch.empty(attention_partials(batch, net.n_head, net.head_dim, shares), **f32),
                          attention_arrivals=torch.zeros(batch, net.n_head, dtype=torch.int32, device=self.device))
         return s
 
