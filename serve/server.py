@@ -51,8 +51,8 @@ def http_process_count(settings: ServeConfig, device: str) -> int:
 class DrainingServer(uvicorn.Server):
     """`orders`: an HTTP process of several, whose stop signals stay blocked: it counts the supervisor's
     stop orders instead (the first drains, the second stops at once), and drains by itself if the
-    supervisor is gone. A signal to the whole process group (Ctrl-C, systemd's stop) reached it twice,
-    itself and forwarded, and the second cut its streams (docs/performance.md, "Found on the way")."""
+    supervisor is gone. A SIGTERM to the whole process group (systemd's stop) reached it twice, itself
+    and forwarded, and the second cut its streams (docs/performance.md, "Found on the way")."""
 
     def __init__(self, config: uvicorn.Config, service: Service, drain_s: float,
                  orders: c_int | None = None, heard: list[int] | None = None):
