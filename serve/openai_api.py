@@ -122,11 +122,12 @@ class Reply:
             body["usage"] = self.usage()
         return body
 
-    async def chunks(self, options: StreamOptions) -> AsyncIterator[str | bytes]:
+    async def chunks(self, options: StreamOptions) -> AsyncIterator[bytes]:
         """A chunk per prompt with new text or a finish, for each arrival of steps (so a chunk can carry
         several tokens' text), then the usage if asked, then [DONE]. An error after the reply has
         started is a chunk of its own."""
         rows, reported = self.completion.rows, [False] * len(self.completion.rows)
+        last = b""  # the chunk that finishes every prompt, sent with the end: one write where it took three
         try:
             if self.echo:
                 yield self.chunk([{"index": i, "text": p, "logprobs": None, "finish_reason": None}
@@ -139,14 +140,18 @@ class Reply:
                         reported[i] = row.finish is not None
                         choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": row.finish})
                 if choices:
-                    yield self.chunk(choices, options.continuous_usage_stats)
+                    chunk = self.chunk(choices, options.continuous_usage_stats)
+                    if all(reported):
+                        last = chunk
+                    else:
+                        yield chunk
         except (UserError, TimedOut) as e:
             kind = "timeout_error" if isinstance(e, TimedOut) else "invalid_request_error"
-            yield f"data: {json.dumps(error_body(str(e), kind))}\n\n"
+            last += f"data: {json.dumps(error_body(str(e), kind))}\n\n".encode()
         else:
             if options.include_usage:
-                yield self.chunk([], True)
-        yield "data: [DONE]\n\n"
+                last += self.chunk([], True)
+        yield last + b"data: [DONE]\n\n"
 
     @functools.cached_property
     def head(self) -> bytes:

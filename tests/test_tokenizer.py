@@ -3,6 +3,7 @@ import random
 from pipeline.tokenizer import (
     TextStream,
     embedded_gpt2_tokenizer,
+    encode,
     load_tokenizer,
     token_bytes,
 )
@@ -13,6 +14,18 @@ def test_real_gpt2_ids():
     assert tok("Hello world")["input_ids"] == [15496, 995]
     assert tok(" the quick brown fox")["input_ids"] == [262, 2068, 7586, 21831]
     assert len(tok) == 50257 and tok.eos_token_id == 50256
+
+
+def test_encode_gives_the_tokenizers_ids(tmp_path):
+    """encode takes the Rust tokenizer directly: the same ids as the tokenizer's own call, special
+    tokens, whitespace runs and multi-byte characters alike, from a saved folder too."""
+    texts = ["Hello world", " leading space", "<|endoftext|>hi<|endoftext|>", "héllo wörld 日本語 🙂",
+             "a\n\n\tb   c ", "don't 've 're 123 4567", "x" * 3000]
+    embedded = embedded_gpt2_tokenizer()
+    embedded.save_pretrained(tmp_path)
+    for tokenizer in (embedded, load_tokenizer(tmp_path)):
+        for text in texts:
+            assert encode(tokenizer, text) == tokenizer(text)["input_ids"], text
 
 
 def test_round_trip_through_a_saved_folder(tmp_path):

@@ -20,23 +20,48 @@ def send(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 @dataclass
 class Batch:
-    """Prompts left-padded to one length. host_ids [B, S] int64: the batch's own copy on the host;
-    input_ids, attention_mask, position_ids [B, S] on the device; padded: whether any row is (known
-    on the host, so a backend need not ask the device). Read-only: batches of one unpadded shape
-    share their mask and positions."""
-    host_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    position_ids: torch.Tensor
+    """Prompts left-padded to one length. host [3, B, S] int64: their ids, attention mask and positions
+    on the host, the batch's own copy; padded: whether any row is (known on the host, so a backend need
+    not ask the device). input_ids, attention_mask, position_ids [B, S] are the device's, sent on first
+    use in one copy from page-locked memory: a backend that copies from the host itself (the static
+    backends' prefill graphs) never needs them. Read-only: batches of one unpadded shape share their
+    device mask and positions."""
+    host: torch.Tensor
+    device: torch.device
     padded: bool
-    sent_ids: torch.Tensor | None = None  # input_ids, once sent
+    sent: tuple[torch.Tensor, ...] | None = None  # a padded batch's (ids, mask, positions) on the device, once sent
+    sent_ids: torch.Tensor | None = None  # an unpadded batch's ids on the device, once sent
+
+    @property
+    def host_ids(self) -> torch.Tensor:
+        return self.host[0]
+
+    def padded_on_device(self) -> tuple[torch.Tensor, ...]:
+        """A padded batch's (ids, mask, positions) on the device, in one copy without waiting (a pageable
+        copy makes the host wait)."""
+        if self.sent is None:
+            self.sent = send(self.host, self.device).unbind(0)
+        return self.sent
 
     @property
     def input_ids(self) -> torch.Tensor:
-        """The ids on the device, sent on first use (a backend that takes host_ids never needs them),
-        from page-locked memory, without waiting: a pageable copy makes the host wait."""
+        if self.padded:
+            return self.padded_on_device()[0]
         if self.sent_ids is None:
-            self.sent_ids = send(self.host_ids, self.attention_mask.device)
+            self.sent_ids = send(self.host[0], self.device)
         return self.sent_ids
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        if self.padded:
+            return self.padded_on_device()[1]
+        return unpadded_mask_and_positions(*self.host.shape[1:], self.device)[0]
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        if self.padded:
+            return self.padded_on_device()[2]
+        return unpadded_mask_and_positions(*self.host.shape[1:], self.device)[1]
 
 
 Prompts = list[list[int]] | np.ndarray  # token ids: a list per row, or one [B, S] integer array of equal rows
@@ -55,10 +80,10 @@ def left_pad(prompts: Prompts, pad_id: int, device: torch.device, width: int | N
     real tokens only (as Hugging Face's generate does), so padding does not shift them. Built in
     numpy; a padded batch goes to the device in one copy, since per-row tensors cost milliseconds.
 
-    A batch without padding (one integer array, as a tokenizer's batch or the bench's prompts, or
-    lists of one length) sends nothing: its ids go to the device when first asked for (Batch), and
-    the mask and positions of unpadded rows come from unpadded_mask_and_positions, since every host
-    operation here delays the prefill (docs/performance.md).
+    Nothing goes to the device here (Batch sends on first use); a batch without padding (one integer
+    array, as a tokenizer's batch or the bench's prompts, or lists of one length) then sends its ids
+    alone, the mask and positions of unpadded rows coming from unpadded_mask_and_positions, since every
+    host operation here delays the prefill (docs/performance.md).
 
     With `width`, lists are padded to at least that many columns and the batch counts as padded even
     where no row is: one shape, and one kind of prefill, for every batch of that width."""
@@ -76,16 +101,13 @@ def left_pad(prompts: Prompts, pad_id: int, device: torch.device, width: int | N
         for row, p in zip(ids, prompts):
             row[ids.shape[1] - len(p):] = p
         padded = width is not None or bool((lengths < ids.shape[1]).any())
-    if not padded:
-        return Batch(torch.from_numpy(ids), *unpadded_mask_and_positions(*ids.shape, device), padded=False)
-    # one copy to the device, from page-locked memory (Batch.input_ids)
-    width = ids.shape[1]
-    mask = (np.arange(width)[None, :] >= width - lengths[:, None]).astype(np.int64)
-    positions = np.maximum(mask.cumsum(-1) - 1, 0)
-    host = torch.empty((3, *ids.shape), dtype=torch.int64, pin_memory=device.type == "cuda")
-    np.stack([ids, mask, positions], out=host.numpy())
-    sent_ids, mask, positions = host.to(device, non_blocking=True).unbind(0)
-    return Batch(torch.from_numpy(ids), mask, positions, padded=True, sent_ids=sent_ids)
+    columns = ids.shape[1]
+    if padded:
+        mask = (np.arange(columns)[None, :] >= columns - lengths[:, None]).astype(np.int64)
+        positions = np.maximum(mask.cumsum(-1) - 1, 0)
+    else:
+        mask, positions = np.ones_like(ids), np.broadcast_to(np.arange(columns), ids.shape)
+    return Batch(torch.from_numpy(np.stack([ids, mask, positions])), device, padded)
 
 
 class CacheMask:

@@ -1,5 +1,5 @@
 """Serving many requests on one backend: one thread owns the backend and runs the jobs (requests)
-that wait in a queue.
+that come to its inbox.
 
 - ContinuousScheduler (the static-cache backends: torch-compiled, triton): continuous batching. At
   a step boundary waiting jobs join the running batch (their prefill runs apart, and its keys and
@@ -19,16 +19,17 @@ the rows are shifted left together, so attention reads little more than the rows
 
 from __future__ import annotations
 
-import queue
+import collections
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from pipeline.runtime.batch import left_pad, send
 from pipeline.runtime.generate import Generator
-from pipeline.runtime.sampling import Sampling, next_tokens
+from pipeline.runtime.jobs import Inbox, InboxClosed, Job
+from pipeline.runtime.sampling import next_tokens
 from pipeline.runtime.static.static_backend import (
     PREFILL_GRAPHS,
     CacheSlot,
@@ -53,45 +54,25 @@ def layered(s: CacheSlot) -> list[torch.Tensor]:
     return [s.layers] if s.layers is not None else [t[None] for t in s.cache]
 
 
-@dataclass(eq=False)  # identity: a job is found in lists by itself, never by its fields
-class Job:
-    """Prompts that run together (one HTTP request), their sampling, and where their tokens go:
-    `deliver` gets each step's tokens, one per prompt (a prompt that has stopped gives pad_id), then
-    None when all have stopped, or the exception that ended them."""
-    prompts: list[list[int]]
-    sampling: Sampling
-    deliver: Callable[[object], None]
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    ended: set[int] = field(default_factory=set)  # prompts the consumer needs no more of (a stop string)
-    on_start: Callable[[], None] | None = None  # called as the job leaves the waiting ones
-
-    def end(self, prompt: int) -> None:
-        """Stop one prompt at the next step (its row leaves); the whole job once every prompt is ended."""
-        self.ended.add(prompt)
-        if len(self.ended) == len(self.prompts):
-            self.cancelled.set()
-
-
 def no_flush() -> None:
     """The default consumer delivers each item as it comes: nothing to flush."""
 
 
 class SchedulerBase:
-    """The queue and the thread; a subclass runs what is queued (serve) and calls `started` as a job
-    leaves the waiting ones (to run, or cancelled before it ran), also one the scheduler took from
-    the queue to wait for rows: the waiting-queue cap counts on it (serve.engine). `flush` is called
-    once what a step delivered is all delivered: a consumer that batches deliveries sends them then."""
+    """The inbox and the thread; a subclass runs the jobs it takes (serve) and calls `started` as a job
+    leaves the waiting ones (to run, or cancelled before it ran), also one the scheduler took from the
+    inbox to wait for rows: the waiting-queue cap counts on it (serve.engine). `flush` is called once
+    what a step delivered is all delivered: a consumer that batches deliveries sends them then."""
 
-    def __init__(self, flush: Callable[[], None] = no_flush):
-        self.flush = flush
-        self.waiting: queue.Queue[Job] = queue.Queue()
+    def __init__(self, flush: Callable[[], None] = no_flush, inbox: Inbox | None = None):
+        self.flush, self.inbox = flush, inbox or Inbox()
         self.thread = threading.Thread(target=self.serve, name="scheduler", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
     def submit(self, job: Job) -> None:
-        self.waiting.put_nowait(job)
+        self.inbox.submit(job)
 
     def started(self, job: Job) -> None:
         if job.on_start is not None:
@@ -105,13 +86,18 @@ class SerialScheduler(SchedulerBase):
     """One job at a time, its prompts batched, through the Generator: for backends without
     control over single rows of their cache (torch, ort, trt)."""
 
-    def __init__(self, generator: Generator, flush: Callable[[], None] = no_flush):
-        super().__init__(flush)
+    def __init__(self, generator: Generator, flush: Callable[[], None] = no_flush, inbox: Inbox | None = None):
+        super().__init__(flush, inbox)
         self.generator = generator
+        self.waiting: collections.deque[Job] = collections.deque()
 
     def serve(self) -> None:
         while True:
-            job = self.waiting.get()
+            try:
+                self.waiting += self.inbox.take(wait=not self.waiting)
+            except InboxClosed:
+                return
+            job = self.waiting.popleft()
             self.started(job)
             if not job.cancelled.is_set():
                 self.run(job)
@@ -120,6 +106,7 @@ class SerialScheduler(SchedulerBase):
     def run(self, job: Job) -> None:
         try:
             for token in self.generator.stream(job.prompts, job.sampling):
+                self.waiting += self.inbox.take(wait=False)  # an inbox read by this thread learns of cancels here
                 if job.cancelled.is_set():
                     break
                 job.deliver(token.tolist())
@@ -210,8 +197,8 @@ class ContinuousScheduler(SchedulerBase):
     computes one step for nothing; a row that reaches its length leaves before it would."""
 
     def __init__(self, backend: StaticCacheBackend, pad_id: int, max_rows: int = 64,
-                 flush: Callable[[], None] = no_flush):
-        super().__init__(flush)
+                 flush: Callable[[], None] = no_flush, inbox: Inbox | None = None):
+        super().__init__(flush, inbox)
         self.backend, self.pad_id, self.max_rows = backend, pad_id, max_rows
         # room for a row of the longest job to start anywhere up to the model's context
         self.columns = 2 * backend.n_positions
@@ -243,7 +230,7 @@ class ContinuousScheduler(SchedulerBase):
         self.sampled = 0  # placed rows that sample (Row.sampled): while there are none, steps take the greedy graph
         self.running: dict[Job, Running] = {}
         self.column = 0  # the slot every row writes next
-        self.deferred: list[Job] = []  # taken from the queue, waiting for rows or room
+        self.deferred: list[Job] = []  # taken from the inbox, waiting for rows or room
         self.held = 0  # steps launched while the deferred jobs gathered
         self.unread: list[Readback] = []  # picked on the device, not yet read by the host
         self.host_buffers = HostBuffers(max_rows)
@@ -262,6 +249,8 @@ class ContinuousScheduler(SchedulerBase):
                 try:
                     self.admit(wait=not self.placed and not self.unread)
                     self.step()
+                except InboxClosed:
+                    return
                 except Exception as e:  # every running job learns of it; the scheduler goes on
                     for progress in self.running.values():
                         progress.job.deliver(e)
@@ -290,29 +279,22 @@ class ContinuousScheduler(SchedulerBase):
         longest = max(map(len, prompts))
         return next(w for w in self.widths if w >= longest)
 
-    def prefill(self, prompts: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def prefill(self, prompts: list[list[int]], width: int) -> tuple[torch.Tensor, CacheSlot]:
         """Prefill up to JOIN_ROWS prompts, left-padded to `width`, in the join bucket's prefill slot
-        (as many rows as the bucket: the extra ones repeat the first prompt). -> (last-token logits
-        [len(prompts), V], the prompts' attention mask [len(prompts), width], the slot)"""
+        (as many rows as the bucket: the extra ones repeat the first prompt), whose slot marks then hold
+        the prompts' attention mask. -> (last-token logits [len(prompts), V], the slot)"""
         joined = len(prompts)
         bucket = min(b for b in self.prefill_slots if b >= joined)
         batch = left_pad(prompts + prompts[:1] * (bucket - joined), self.pad_id, self.backend.device, width)
         self.backend.slot, self.backend.length = self.prefill_slots[bucket], 0
-        logits = self.backend.prefill(batch)[:joined, -1]
-        return logits, batch.attention_mask[:joined], self.prefill_slots[bucket]
+        return self.backend.prefill(batch)[:joined, -1], self.prefill_slots[bucket]
 
     # joining ----------------------------------------------------------------------------------
     def admit(self, wait: bool) -> None:
         """Waiting jobs into free rows, as many as fit; waits for one when nothing runs. While rows
         run, jobs gather first: they join once JOIN_ROWS prompts wait or the first has waited
         JOIN_EVERY steps."""
-        if wait and not self.deferred:
-            self.deferred.append(self.waiting.get())
-        while True:
-            try:
-                self.deferred.append(self.waiting.get_nowait())
-            except queue.Empty:
-                break
+        self.deferred += self.inbox.take(wait and not self.deferred)
         for job in [j for j in self.deferred if j.cancelled.is_set()]:
             self.deferred.remove(job)
             self.started(job)
@@ -361,26 +343,33 @@ class ContinuousScheduler(SchedulerBase):
         flight)."""
         prompts = [(job, k, p) for job in jobs for k, p in enumerate(job.prompts)]
         column = max(self.column, max(self.width_of([p]) for _, _, p in prompts))
-        # running rows skip the columns up to the new one: those columns may hold marks of rows gone
-        self.batch.slot_mask[:len(self.placed), self.column:column] = False
+        if self.placed and column > self.column:
+            # running rows skip the columns up to the new one: those columns may hold marks of rows gone
+            self.batch.slot_mask[:len(self.placed), self.column:column] = False
         self.column = column
         for job in jobs:
             self.running[job] = Running(job, [self.pad_id] * len(job.prompts), len(job.prompts))
         free = [i for i, r in enumerate(self.placed) if r is None]
         indices = (free + list(range(len(self.placed), self.max_rows)))[:len(prompts)]
         self.placed += [None] * (max(indices) + 1 - len(self.placed))
-        where = send(torch.tensor(indices), self.backend.device)
+        # each prompt's cache row, the first generated token's position (its prompt's length) and the row's
+        # first filled slot, sent in one copy once the first prefill is launched: the first token waits for none
+        lengths = [len(p) for _, _, p in prompts]
+        rows_in = torch.tensor([indices, lengths, [self.column - n for n in lengths]])
+        where = positions = firsts = None
         picked, joined = [], []
         for start in range(0, len(prompts), JOIN_ROWS):
             chunk = prompts[start:start + JOIN_ROWS]
             width = self.width_of([p for _, _, p in chunk])
-            logits, mask, prefilled = self.prefill([p for _, _, p in chunk], width)
+            logits, prefilled = self.prefill([p for _, _, p in chunk], width)
+            if where is None:
+                where, positions, firsts = send(rows_in, self.backend.device).unbind(0)
             into, window = where[start:start + len(chunk)], slice(self.column - width, self.column)
             for big, part in zip(self.layers, layered(prefilled)):
                 big[:, :, :, window].index_copy_(1, into, part[:, :len(chunk), :, :width])
             marks = self.batch.slot_mask
             marks.index_fill_(0, into, False)
-            marks[:, window].index_copy_(0, into, mask.to(marks.dtype))
+            marks[:, window].index_copy_(0, into, prefilled.slot_mask[:len(chunk), :width])
             rows = []
             for (job, k, prompt), index in zip(chunk, indices[start:]):
                 s = job.sampling
@@ -391,13 +380,10 @@ class ContinuousScheduler(SchedulerBase):
                 rows.append(row)
             picked.append(self.pick(rows, logits))
             joined += rows
-        tokens = torch.cat(picked)
+        tokens = torch.cat(picked) if len(picked) > 1 else picked[0]
         self.tokens_in.index_copy_(0, where, tokens)
-        # the first generated token's position: the prompt's length; the row's first filled slot: its prompt's
-        lengths = torch.tensor([len(p) for _, _, p in prompts])
-        at = send(torch.stack([lengths, self.column - lengths]), self.backend.device)
-        self.positions_in.index_copy_(0, where, at[0])
-        self.first_in.index_copy_(0, where, at[1])
+        self.positions_in.index_copy_(0, where, positions)
+        self.first_in.index_copy_(0, where, firsts)
         self.live.index_fill_(0, where, 1)
         self.unread.append(Readback(joined, tokens, self.host_buffers))  # one delivery: every prompt's first token
 
@@ -594,10 +580,10 @@ class ContinuousScheduler(SchedulerBase):
 
 
 def make_scheduler(backend, pad_id: int, max_rows: int = 64, continuous: bool = True,
-                   flush: Callable[[], None] = no_flush) -> SchedulerBase:
+                   flush: Callable[[], None] = no_flush, inbox: Inbox | None = None) -> SchedulerBase:
     """Continuous batching where the backend allows it (and `continuous`), else one job at a time."""
     if continuous and isinstance(backend, StaticCacheBackend):
-        scheduler = ContinuousScheduler(backend, pad_id, max_rows, flush)
+        scheduler = ContinuousScheduler(backend, pad_id, max_rows, flush, inbox)
         scheduler.warm_up()
         return scheduler
-    return SerialScheduler(Generator(backend, pad_id), flush)
+    return SerialScheduler(Generator(backend, pad_id), flush, inbox)

@@ -36,3 +36,17 @@ def test_prompts_in_one_array_are_taken_as_the_same_lists(model):
     for bad in (np.zeros((2, 0), dtype=np.int64), np.zeros(3, dtype=np.int64), np.zeros((1, 2))):
         with pytest.raises(UserError, match="prompts as an array must be integer token ids"):
             left_pad(bad, 0, torch.device("cpu"))
+
+
+def test_a_batch_sends_to_the_device_only_what_a_backend_asks_for():
+    """The static backends' prefill graphs copy the batch from the host: nothing is sent until a device
+    tensor is asked for, and an unpadded batch's mask and positions are the shared ones, its ids sent
+    only when asked for (the offline generator asks for the positions before its first token)."""
+    cpu = torch.device("cpu")
+    unpadded = left_pad([[5, 6], [7, 8]], 0, cpu)
+    assert unpadded.position_ids.tolist() == [[0, 1], [0, 1]] and unpadded.attention_mask.tolist() == [[1, 1], [1, 1]]
+    assert unpadded.sent_ids is None and unpadded.sent is None
+    assert unpadded.input_ids.tolist() == [[5, 6], [7, 8]] and unpadded.sent_ids is not None
+    padded = left_pad([[5, 6, 7], [8]], 0, cpu)
+    assert padded.sent is None and padded.host.is_contiguous()
+    assert padded.position_ids.tolist() == [[0, 1, 2], [0, 0, 0]] and padded.sent is not None

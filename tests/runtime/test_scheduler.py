@@ -185,7 +185,7 @@ def test_jobs_taken_from_the_queue_to_wait_for_rows_start_only_as_they_run_or_ar
     for job in waiting:
         scheduler.submit(job)
     scheduler.admit(wait=False)
-    assert scheduler.waiting.empty() and len(scheduler.deferred) == 2 and started == ["running"]
+    assert scheduler.inbox.queue.empty() and len(scheduler.deferred) == 2 and started == ["running"]
     for job in waiting:
         job.cancelled.set()
     scheduler.admit(wait=False)

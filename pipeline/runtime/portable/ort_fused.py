@@ -132,8 +132,8 @@ class OrtFusedBackend(Backend):
         mask, positions = unpadded_mask_and_positions(rows, width, self.device)
         keep = torch.tensor(1 if last_only else 0)  # the LM head over the last position, or all
         logits = torch.empty(rows, 1 if last_only else width, self.vocab_size, dtype=self.logits_dtype, device=self.device)
-        self.session.run_with_iobinding(self._binding(input_ids.contiguous(), mask, positions, logits, kv, keep),
-                                        self.prefill_options)
+        input_ids = input_ids.contiguous()  # held here: the binding has only its address
+        self.session.run_with_iobinding(self._binding(input_ids, mask, positions, logits, kv, keep), self.prefill_options)
         return logits
 
     def prefill(self, batch: Batch, last_only: bool = True) -> torch.Tensor:

@@ -50,19 +50,18 @@ class CacheSlot:
 
 @dataclass
 class PrefillGraph:
-    """A prefill captured for one prompt shape. Its first node copies the ids from `staged`, page-locked
-    host memory the host fills, to the device: the ids cost the host no launch of their own before
-    the replay."""
-    staged: torch.Tensor  # [B, S] int64, page-locked
-    positions: torch.Tensor  # [B, S] on the device (a causal prefill's are its slots: not read)
+    """A prefill captured for one prompt shape. Its first node copies the batch's ids, mask and positions
+    from `staged`, page-locked host memory the host fills, to the device, and the next marks the slots:
+    the batch costs the host no launch of its own before the replay."""
+    staged: torch.Tensor  # [3, B, S] int64, page-locked: Batch.host
     copied: torch.cuda.Event  # recorded after each replay: `staged` may be refilled once it has passed
     graph: torch.cuda.CUDAGraph | None = None
     logits: torch.Tensor | None = None  # what each replay rewrites
 
-    def stage(self, input_ids: torch.Tensor) -> None:
-        """The host's ids of the next replay into `staged`, once the last replay has copied it out."""
+    def stage(self, batch: Batch) -> None:
+        """The host's batch for the next replay into `staged`, once the last replay has copied it out."""
         self.copied.synchronize()
-        self.staged.copy_(input_ids)
+        self.staged.copy_(batch.host)
 
 
 def capture(fn: Callable[[], torch.Tensor], device: torch.device, pool=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -197,7 +196,7 @@ class StaticCacheBackend(Backend):
     @torch.inference_mode()
     def prefill(self, batch: Batch, last_only: bool = True) -> torch.Tensor:
         """As Backend.prefill, from slot 0. On a GPU with last_only the result is a graph's output
-        buffer, replayed from the prompt shape's graph (PrefillGraph) with the ids taken from the host."""
+        buffer, replayed from the prompt shape's graph (PrefillGraph) with the batch taken from the host."""
         s, seq = self.slot, batch.host_ids.shape[1]
         self.length = seq
         if seq == 1:  # a one-token prompt is a decode step into slot 0
@@ -206,13 +205,13 @@ class StaticCacheBackend(Backend):
         # a prompt without padding takes attention without a mask (StaticGPT2's causal), and reads no
         # slot marks: they go in after its launch, where on a GPU they cost the first token nothing
         causal = not batch.padded
-        if not causal:
-            self.mark_slots(batch.attention_mask, 0)
         prefill = lambda ids, pos: self.net.prefill(ids, pos, s.slot_mask, s.cache, 0, last_only, causal).float()  # noqa: E731
         if self.cuda_graphs and last_only:
-            logits = self.replay_prefill(prefill, batch.host_ids, batch.position_ids, causal)
-        else:  # full logits are for validation, not speed: no graph
-            logits = prefill(batch.input_ids, batch.position_ids)
+            return self.replay_prefill(prefill, batch, causal)
+        # full logits are for validation, not speed: no graph
+        if not causal:
+            self.mark_slots(batch.attention_mask, 0)
+        logits = prefill(batch.input_ids, batch.position_ids)
         if causal:
             self.mark_slots(batch.attention_mask, 0)
         return logits
@@ -244,27 +243,28 @@ class StaticCacheBackend(Backend):
         query's own, all marked by then, so a reset clears nothing."""
         self.slot.slot_mask[:, start:attention_mask.shape[1]].copy_(attention_mask[:, start:])  # one kernel, int64 -> bool
 
-    def replay_prefill(self, prefill: Callable, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                       causal: bool) -> torch.Tensor:
-        """prefill(ids, positions) replayed from the slot's CUDA graph for its shape (seq, causal),
-        captured on first use. input_ids on the host. Returns the graph's logits buffer."""
-        s, shape = self.slot, (input_ids.shape[1], causal)
+    def replay_prefill(self, prefill: Callable, batch: Batch, causal: bool) -> torch.Tensor:
+        """prefill(ids, positions) replayed from the slot's CUDA graph for the batch's shape (seq, causal),
+        captured on first use; the graph copies the batch from the host and marks its slots. Returns the
+        graph's logits buffer."""
+        s, shape = self.slot, (batch.host.shape[2], causal)
         entry = s.prefill.get(shape)
         if entry is None:
-            entry = PrefillGraph(torch.empty(input_ids.shape, dtype=torch.long, pin_memory=True), position_ids.clone(),
-                                 torch.cuda.Event())
-            entry.stage(input_ids)  # the capture's warm-up runs read them
-            ids = torch.empty(input_ids.shape, dtype=torch.long, device=self.device)
-            entry.graph, entry.logits = capture(
-                lambda: prefill(ids.copy_(entry.staged, non_blocking=True), entry.positions), self.device,
-                self.prefill_pool)
+            entry = PrefillGraph(torch.empty(batch.host.shape, dtype=torch.long, pin_memory=True), torch.cuda.Event())
+            entry.stage(batch)  # the capture's warm-up runs read them
+            sent = torch.empty(batch.host.shape, dtype=torch.long, device=self.device)
+
+            def run() -> torch.Tensor:
+                ids, mask, positions = sent.copy_(entry.staged, non_blocking=True).unbind(0)
+                self.mark_slots(mask, 0)
+                return prefill(ids, positions)
+
+            entry.graph, entry.logits = capture(run, self.device, self.prefill_pool)
             s.prefill[shape] = entry
             if len(s.prefill) > PREFILL_GRAPHS:
                 s.prefill.popitem(last=False)
         else:
-            entry.stage(input_ids)
-            if not causal:  # a causal prefill's positions are its slots: StaticGPT2 does not read them
-                entry.positions.copy_(position_ids)
+            entry.stage(batch)
         s.prefill.move_to_end(shape)
         entry.graph.replay()
         entry.copied.record()
