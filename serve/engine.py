@@ -236,7 +236,7 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
 class Commands:
     """The scheduler's inbox in the engine: the HTTP processes' command pipes, read by the scheduler's own
     thread between its steps. Jobs are told apart by (channel, id). A thread of their own handed each
-    job over with a wake-up, 0.13 ms of a lone request's first token (docs/performance.md)."""
+    job over with a wake-up: 0.13-0.21 ms of a lone request's path, 0.07 now (docs/performance.md)."""
 
     def __init__(self, pipes: list, outbox: Outbox):
         self.open = {commands: index for index, commands in enumerate(pipes)}
