@@ -353,7 +353,7 @@ class ContinuousScheduler(SchedulerBase):
         indices = (free + list(range(len(self.placed), self.max_rows)))[:len(prompts)]
         self.placed += [None] * (max(indices) + 1 - len(self.placed))
         # each prompt's cache row, the first generated token's position (its prompt's length) and the row's
-        # first filled slot, sent in one copy once the first prefill is launched: the first token waits for none
+        # first filled slot, sent in one copy after the first prefill's launch, which then waits for no copy
         lengths = [len(p) for _, _, p in prompts]
         rows_in = torch.tensor([indices, lengths, [self.column - n for n in lengths]])
         where = positions = firsts = None

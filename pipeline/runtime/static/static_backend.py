@@ -202,19 +202,13 @@ class StaticCacheBackend(Backend):
         if seq == 1:  # a one-token prompt is a decode step into slot 0
             self.mark_slots(batch.attention_mask, 0)
             return self.replay_decode(batch.input_ids, batch.position_ids, 0)[:, None]
-        # a prompt without padding takes attention without a mask (StaticGPT2's causal), and reads no
-        # slot marks: they go in after its launch, where on a GPU they cost the first token nothing
+        # a prompt without padding takes attention without a mask (StaticGPT2's causal) and reads no slot marks
         causal = not batch.padded
         prefill = lambda ids, pos: self.net.prefill(ids, pos, s.slot_mask, s.cache, 0, last_only, causal).float()  # noqa: E731
         if self.cuda_graphs and last_only:
             return self.replay_prefill(prefill, batch, causal)
-        # full logits are for validation, not speed: no graph
-        if not causal:
-            self.mark_slots(batch.attention_mask, 0)
-        logits = prefill(batch.input_ids, batch.position_ids)
-        if causal:
-            self.mark_slots(batch.attention_mask, 0)
-        return logits
+        self.mark_slots(batch.attention_mask, 0)  # full logits are for validation, not speed: no graph
+        return prefill(batch.input_ids, batch.position_ids)
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
