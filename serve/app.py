@@ -16,6 +16,8 @@ cancelled: its rows leave the batch at the next step."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -55,8 +57,13 @@ def create_service(channel: tuple, info: dict, waiting, tokenizer, settings: Ser
     engine = EngineClient(channel, info, settings.queue, waiting, metrics.load)
     hub = Hub(tokenizer, engine, max_prompts, settings.timeout_s, metrics)
 
+    @contextlib.asynccontextmanager
+    async def lifespan(_):
+        engine.attach(asyncio.get_running_loop())  # what the engine sends is read on the server's loop
+        yield
+
     app = FastAPI(title="gpt2-deploy", version="0.1.0", docs_url="/docs" if docs else None, redoc_url=None,
-                  openapi_url="/openapi.json" if docs else None)
+                  openapi_url="/openapi.json" if docs else None, lifespan=lifespan)
     admission = Admission(app, metrics.reject)
     asgi = BodyLimit(admission, settings.max_body, metrics.reject)
 

@@ -9,6 +9,7 @@ the scheduler stepped, where item is a step's tokens, "started" (the job left th
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import multiprocessing
@@ -133,42 +134,44 @@ class EngineProcess:
 
 class EngineClient:
     """An HTTP process's side of one channel to the engine: submit jobs (QueueFull once `waiting`,
-    the jobs of every HTTP process not yet started, is at the cap), and a reader thread hands each
-    job what arrives for it. `on_load(waiting, running)` hears of every change of this process's
-    counts (the metrics)."""
+    the jobs of every HTTP process not yet started, is at the cap), and, once attached to the event
+    loop, hand each job what arrives for it. The loop reads the result pipe itself: a reader thread
+    handed every arrival over with a second wake-up, and took the GIL from the loop
+    (docs/performance.md). `on_load(waiting, running)` hears of every change of this process's counts
+    (the metrics). Everything here runs on the one event loop."""
 
     def __init__(self, channel: tuple, info: dict, queue_cap: int, waiting,
                  on_load: Callable[[int, int], None] = lambda waiting, running: None):
         self.commands, self.results = channel
         self.info, self.queue_cap, self.waiting, self.on_load = info, queue_cap, waiting, on_load
-        self.lock, self.send_lock = threading.Lock(), threading.Lock()
         self.jobs: dict[int, RemoteJob] = {}
         self.unstarted, self.ids, self.alive = 0, itertools.count(), True
-        self.reader = threading.Thread(target=self.read, name="engine-reader", daemon=True)
-        self.reader.start()
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the result pipe on `loop` whenever something arrives."""
+        fd = self.results.fileno()
+        loop.add_reader(fd, self.read, loop, fd)
 
     def report_load(self) -> None:
-        """(jobs waiting to start, jobs running) to on_load; under self.lock."""
+        """(jobs waiting to start, jobs running) to on_load."""
         self.on_load(self.unstarted, len(self.jobs) - self.unstarted)
 
     def close(self) -> None:
         self.commands.close()
 
     def send(self, message: tuple) -> None:
-        with self.send_lock:
-            self.commands.send(message)
+        self.commands.send(message)
 
     def submit(self, prompts: list[list[int]], sampling: Sampling, deliver: Callable[[object], None]) -> RemoteJob:
         if not self.alive:
             raise RuntimeError("the engine process has stopped")
-        with self.lock:
-            with self.waiting.get_lock():
-                if self.waiting.value >= self.queue_cap:
-                    raise QueueFull
-                self.waiting.value += 1
-            job = RemoteJob(next(self.ids), prompts, sampling, deliver, self.send)
-            self.jobs[job.id], self.unstarted = job, self.unstarted + 1
-            self.report_load()
+        with self.waiting.get_lock():
+            if self.waiting.value >= self.queue_cap:
+                raise QueueFull
+            self.waiting.value += 1
+        job = RemoteJob(next(self.ids), prompts, sampling, deliver, self.send)
+        self.jobs[job.id], self.unstarted = job, self.unstarted + 1
+        self.report_load()
         self.send(("submit", job.id, prompts, sampling))
         return job
 
@@ -176,32 +179,36 @@ class EngineClient:
         with self.waiting.get_lock():
             self.waiting.value -= jobs
 
-    def read(self) -> None:
+    def read(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        """Every message that has arrived, each item to its job; at the pipe's end (the engine has
+        stopped) every job still here gets the error."""
         try:
-            while True:
+            while self.results.poll():
                 for job_id, item in self.results.recv():
-                    with self.lock:
-                        job = self.jobs.get(job_id)
-                        if job is None:
-                            continue
-                        changed = not isinstance(item, list)
-                        if item == "started" or (changed and not job.started):
-                            job.started, self.unstarted = True, self.unstarted - 1
-                            self.started(1)
-                        if changed and item != "started":
-                            del self.jobs[job_id]
-                        if changed:
-                            self.report_load()
-                    if item != "started":
-                        job.deliver(item)
+                    self.arrive(job_id, item)
         except (EOFError, OSError):
+            loop.remove_reader(fd)
             self.alive = False
-            with self.lock:
-                self.started(self.unstarted)
-                jobs, self.jobs, self.unstarted = list(self.jobs.values()), {}, 0
-                self.report_load()
+            self.started(self.unstarted)
+            jobs, self.jobs, self.unstarted = list(self.jobs.values()), {}, 0
+            self.report_load()
             for job in jobs:
                 job.deliver(RuntimeError("the engine process stopped"))
+
+    def arrive(self, job_id: int, item: object) -> None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        changed = not isinstance(item, list)
+        if item == "started" or (changed and not job.started):
+            job.started, self.unstarted = True, self.unstarted - 1
+            self.started(1)
+        if changed and item != "started":
+            del self.jobs[job_id]
+        if changed:
+            self.report_load()
+        if item != "started":
+            job.deliver(item)
 
 
 def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:

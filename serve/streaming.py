@@ -1,12 +1,10 @@
-"""From the scheduler thread to a request's handler: a job's steps relayed to the event loop, each
-prompt's tokens turned into text (stop tokens, stop strings, length), and the request's timings
-and outcome recorded."""
+"""From the engine to a request's handler: a job's steps, as the event loop reads them from the
+engine's pipe (serve.engine.EngineClient), turned into each prompt's tokens and text (stop tokens,
+stop strings, length), and the request's timings and outcome recorded."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -25,29 +23,6 @@ DISCONNECT_POLL_S = 0.25
 # handing them to a worker thread cost more, since under load that thread waits for the loop's GIL
 # (docs/performance.md, "Serving: eight HTTP processes, short prompts tokenised on the event loop")
 INLINE_CHARS = 2048
-
-
-class Relay:
-    """Hands what the engine's reader thread delivers to the requests on the event loop with one wake-up
-    of the loop for all that arrived since the last (call_soon_threadsafe per item wakes it once per
-    row a step)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop, self.lock, self.pending, self.scheduled = loop, threading.Lock(), [], False
-
-    def put(self, completion: Completion, item: object) -> None:
-        with self.lock:
-            self.pending.append((completion, item))
-            if self.scheduled:
-                return
-            self.scheduled = True
-        self.loop.call_soon_threadsafe(self.flush)
-
-    def flush(self) -> None:
-        with self.lock:
-            pending, self.pending, self.scheduled = self.pending, [], False
-        for completion, item in pending:
-            completion.arrive(item)
 
 
 class RowOutput:
@@ -101,12 +76,11 @@ class Completion:
 
     def __init__(self, hub: Hub, prompts: list[list[int]], sampling: Sampling, stop: tuple[str, ...]):
         self.loop, self.arrived, self.wake = asyncio.get_running_loop(), [], None
-        relay = hub.relays.setdefault(self.loop, Relay(self.loop))
         self.hub, self.arrived_at = hub, time.perf_counter()
         self.prompt_tokens = sum(map(len, prompts))
         self.rows = [RowOutput(hub.table, sampling, stop) for _ in prompts]
         # QueueFull before any reply starts
-        self.job = hub.engine.submit(prompts, sampling, functools.partial(relay.put, self))
+        self.job = hub.engine.submit(prompts, sampling, self.arrive)
 
     def arrive(self, item: object) -> None:
         self.arrived.append(item)
@@ -192,7 +166,6 @@ class Hub:
         self.tokenizer, self.engine, self.metrics = tokenizer, engine, metrics
         self.max_prompts, self.timeout_s, self.context = max_prompts, timeout_s, engine.info["context"]
         self.table = token_bytes(tokenizer)
-        self.relays: dict[asyncio.AbstractEventLoop, Relay] = {}
 
     @property
     def eos(self) -> int:

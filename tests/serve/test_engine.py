@@ -1,13 +1,16 @@
 """The engine's inbox (Commands) over real pipes: submits become jobs, cancels and ends reach theirs,
-and once every HTTP process has gone its jobs are cancelled and a wait ends the scheduler's loop."""
+and once every HTTP process has gone its jobs are cancelled and a wait ends the scheduler's loop.
+An HTTP process's side (EngineClient) on a real event loop: what the engine's Outbox sends reaches
+each job, and the engine's end reaches every job still running."""
 
+import asyncio
 import multiprocessing
 
 import pytest
 
 from pipeline.runtime.jobs import InboxClosed
 from pipeline.runtime.sampling import Sampling
-from serve.engine import Commands, Outbox
+from serve.engine import Commands, EngineClient, Outbox, QueueFull
 
 
 def channels(count: int):
@@ -53,3 +56,31 @@ def test_the_inbox_closes_once_every_http_process_has_gone():
     writers[1].close()
     with pytest.raises(InboxClosed):
         commands.take(wait=True)
+
+
+def test_an_http_process_reads_what_the_engine_sends_on_its_event_loop_until_the_engine_ends():
+    commands_in, commands_out = multiprocessing.Pipe(duplex=False)
+    results_in, results_out = multiprocessing.Pipe(duplex=False)
+    waiting, loads = multiprocessing.Value("q", 0), []
+    client = EngineClient((commands_out, results_in), {}, queue_cap=2, waiting=waiting,
+                          on_load=lambda *counts: loads.append(counts))
+    outbox, greedy = Outbox([results_out]), Sampling(max_new_tokens=4)
+
+    async def main():
+        client.attach(asyncio.get_running_loop())
+        got = {name: asyncio.Queue() for name in ("a", "b")}
+        a = client.submit([[464]], greedy, got["a"].put_nowait)
+        b = client.submit([[818]], greedy, got["b"].put_nowait)
+        with pytest.raises(QueueFull):  # two not yet started: the cap
+            client.submit([[15496]], greedy, print)
+        assert [commands_in.recv()[:2] for _ in range(2)] == [("submit", a.id), ("submit", b.id)]
+        for item in ("started", [11], None):  # a: started, a step, done
+            outbox.put((0, a.id), item)
+        outbox.put((0, 99), [5])  # a job this process no longer has: dropped
+        outbox.flush()  # one message
+        assert [await got["a"].get(), await got["a"].get()] == [[11], None]
+        assert waiting.value == 1 and loads[-1] == (1, 0)  # b waits; a is gone
+        results_out.close()  # the engine ends
+        assert isinstance(await got["b"].get(), RuntimeError)
+        assert not client.alive and waiting.value == 0 and loads[-1] == (0, 0)
+    asyncio.run(asyncio.wait_for(main(), 10))
