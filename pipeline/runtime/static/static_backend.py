@@ -54,6 +54,8 @@ class PrefillGraph:
     from `staged`, page-locked host memory the host fills, to the device, and the next marks the slots:
     the batch costs the host no launch of its own before the replay."""
     staged: torch.Tensor  # [3, B, S] int64, page-locked: Batch.host
+    sent: torch.Tensor  # [3, B, S] int64 on the device, what the first node copies `staged` into: held here, since
+    # the graph does not own it, and once freed its memory went to other tensors or back to the driver
     copied: torch.cuda.Event  # recorded after each replay: `staged` may be refilled once it has passed
     graph: torch.cuda.CUDAGraph | None = None
     logits: torch.Tensor | None = None  # what each replay rewrites
@@ -244,12 +246,12 @@ class StaticCacheBackend(Backend):
         s, shape = self.slot, (batch.host.shape[2], causal)
         entry = s.prefill.get(shape)
         if entry is None:
-            entry = PrefillGraph(torch.empty(batch.host.shape, dtype=torch.long, pin_memory=True), torch.cuda.Event())
+            entry = PrefillGraph(torch.empty(batch.host.shape, dtype=torch.long, pin_memory=True),
+                                 torch.empty(batch.host.shape, dtype=torch.long, device=self.device), torch.cuda.Event())
             entry.stage(batch)  # the capture's warm-up runs read them
-            sent = torch.empty(batch.host.shape, dtype=torch.long, device=self.device)
 
             def run() -> torch.Tensor:
-                ids, mask, positions = sent.copy_(entry.staged, non_blocking=True).unbind(0)
+                ids, mask, positions = entry.sent.copy_(entry.staged, non_blocking=True).unbind(0)
                 self.mark_slots(mask, 0)
                 return prefill(ids, positions)
 

@@ -51,6 +51,22 @@ def test_prefill_graph_takes_its_ids_from_the_host(model, name, prompts):
 
 
 @pytest.mark.parametrize("name", BACKENDS)
+def test_the_prefill_graph_keeps_the_buffer_it_copies_the_batch_into(model, name):
+    """A buffer the graph writes into but does not own, once freed, goes to the next tensors of its size,
+    which every replay then overwrites (or, handed back to the driver by empty_cache, faults on)."""
+    backend = BACKENDS[name](model, "fp16", DEVICE)
+    batch = left_pad(PADDED, 0, DEVICE)
+    rows, width = batch.host_ids.shape
+    backend.reset(rows, width + 8)
+    backend.prefill(batch)  # captured
+    bystanders = [torch.full(batch.host.shape, -1, dtype=torch.long, device=DEVICE) for _ in range(8)]
+    backend.reset(rows, width + 8)
+    backend.prefill(left_pad(PADDED, 0, DEVICE))
+    torch.cuda.synchronize()
+    assert all(bool((b == -1).all()) for b in bystanders)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
 def test_a_cache_reused_after_an_unpadded_generation_gives_a_fresh_caches_tokens(model, name):
     """The unpadded generation marks every slot real after its prefill; the padded prompts after it
     must not attend to their padding."""
