@@ -151,42 +151,52 @@ class Running:
 
 
 class HostBuffers:
-    """Page-locked buffers of `size` token ids, each with an event, reused by the Readbacks: one allocated
-    and one event made per step took a tenth of the serving scheduler's host time at 64 clients
-    (docs/performance.md)."""
+    """Page-locked buffers of `size` token ids, each with two events, reused by the Readbacks, and the
+    stream their copies run on. One buffer allocated and one event made per step took a tenth of the
+    serving scheduler's host time at 64 clients; a copy on the compute stream held up every step by
+    9 us, 5% of a step at one row (docs/performance.md)."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, device: torch.device):
         self.size, self.spare = size, []
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    def take(self) -> tuple[torch.Tensor, torch.cuda.Event]:
+    def take(self) -> tuple[torch.Tensor, torch.cuda.Event, torch.cuda.Event]:
+        """(buffer, an event for the picked tokens, one for their copy)"""
         return self.spare.pop() if self.spare else (torch.empty(self.size, dtype=torch.long, pin_memory=True),
-                                                    torch.cuda.Event())
+                                                    torch.cuda.Event(), torch.cuda.Event())
 
-    def give(self, buffer: tuple[torch.Tensor, torch.cuda.Event]) -> None:
+    def give(self, buffer: tuple[torch.Tensor, torch.cuda.Event, torch.cuda.Event]) -> None:
         self.spare.append(buffer)
 
 
 class Readback:
-    """One step's tokens picked on the device, copied to page-locked host memory without waiting: the
-    host reads them (tolist) after it has launched the next steps, so the device never waits for the host."""
+    """One step's tokens picked on the device, copied to page-locked host memory on a stream of their own
+    without waiting: the host reads them (tolist) after it has launched the next steps, so the device
+    never waits for the host, nor the next step for the copy. What the copy reads is not rewritten before
+    it has run: the tokens are held until read (the allocator's memory), and greedy chunks take two sets
+    of columns in turn, a chunk launched only once the one two before it has been read (greedy_chunk)."""
 
     def __init__(self, rows: list[Row | None], tokens: torch.Tensor, buffers: HostBuffers):
         self.rows = rows  # the rows as they were placed when the tokens were picked (None: free): tokens [len(rows)]
-        self.buffers, self.buffer = buffers, None
+        self.buffers, self.buffer, self.tokens = buffers, None, None
         if tokens.device.type == "cuda":
-            self.buffer = buffers.take()
-            self.host = self.buffer[0][:len(tokens)]
-            self.host.copy_(tokens, non_blocking=True)
-            self.buffer[1].record()
+            self.buffer = pinned, picked, copied = buffers.take()
+            self.host, self.tokens = pinned[:len(tokens)], tokens
+            picked.record()
+            buffers.stream.wait_event(picked)
+            with torch.cuda.stream(buffers.stream):
+                self.host.copy_(tokens, non_blocking=True)
+                copied.record()
         else:  # the next step may rewrite what `tokens` views (a greedy chunk's buffer)
             self.host = tokens.clone()
 
     def tolist(self) -> list[int]:
         if self.buffer is None:
             return self.host.tolist()
-        self.buffer[1].synchronize()
+        self.buffer[2].synchronize()
         tokens = self.host.tolist()
         self.buffers.give(self.buffer)  # read: the next step's copy may overwrite it
+        self.tokens = None
         return tokens
 
 
@@ -233,7 +243,8 @@ class ContinuousScheduler(SchedulerBase):
         self.deferred: list[Job] = []  # taken from the inbox, waiting for rows or room
         self.held = 0  # steps launched while the deferred jobs gathered
         self.unread: list[Readback] = []  # picked on the device, not yet read by the host
-        self.host_buffers = HostBuffers(max_rows)
+        self.host_buffers = HostBuffers(max_rows, backend.device)
+        self.chunk_columns = 0  # where the next greedy chunk writes its tokens (greedy_chunk)
         # a CPU computes a step as it is launched: nothing to overlap, and reading first delivers sooner
         self.overlap = backend.device.type == "cuda"
 
@@ -458,9 +469,11 @@ class ContinuousScheduler(SchedulerBase):
     def greedy_chunk(self, size: int, count: int) -> Iterator[torch.Tensor]:
         """`count` greedy steps of the bucket from the current column, each feeding its argmax to the
         next on the device (the backend's greedy graph), from and into tokens_in / positions_in: yields
-        each step's tokens [size] as it is launched (a buffer the next chunk rewrites)."""
+        each step's tokens [size] as it is launched. Chunks write their tokens to two sets of columns in
+        turn: the chunk after this one is launched before this one's copies are read (Readback)."""
         self.backend.slot, self.backend.length = self.buckets[size], self.column
-        return self.backend.greedy_in_place(count)
+        self.chunk_columns = GREEDY_CHUNK - self.chunk_columns
+        return self.backend.greedy_in_place(count, self.chunk_columns)
 
     def decode(self, size: int) -> torch.Tensor:
         """The bucket's decode step (its graph on a GPU) at the current column, from tokens_in / positions_in

@@ -168,16 +168,17 @@ class StaticCacheBackend(Backend):
         return self.greedy_in_place(count)
 
     @torch.inference_mode()
-    def greedy_in_place(self, count: int) -> Iterator[torch.Tensor]:
+    def greedy_in_place(self, count: int, column: int = 0) -> Iterator[torch.Tensor]:
         """greedy_steps from the inputs the slot holds (s.token, s.position), where the serving scheduler
-        keeps them between steps. On a GPU the first step is a graph of its own that also prepares the
-        steps (prepare_greedy): with that launch outside a graph a greedy launch cost the serving
-        scheduler 368 us of host time against 100 for a decode step (docs/performance.md)."""
+        keeps them between steps, their tokens into s.greedy_tokens from `column` on. On a GPU the first
+        step is a graph of its own that also prepares the steps (prepare_greedy): with that launch outside
+        a graph a greedy launch cost the serving scheduler 368 us of host time against 100 for a decode
+        step (docs/performance.md)."""
         s = self.slot
 
         def set_counters() -> None:
             s.start.fill_(self.length)
-            s.step.zero_()
+            s.step.fill_(column)
 
         set_counters()
         if self.cuda_graphs and s.greedy is None:
@@ -193,7 +194,7 @@ class StaticCacheBackend(Backend):
             else:
                 (self.greedy_step if i else self.first_greedy_step)(s)
             self.length += 1
-            yield s.greedy_tokens[:, i]
+            yield s.greedy_tokens[:, column + i]
 
     @torch.inference_mode()
     def prefill(self, batch: Batch, last_only: bool = True) -> torch.Tensor:
