@@ -78,7 +78,19 @@ patch("pipeline/runtime/scheduler.py", [
         """'''),
 ])
 patch("pipeline/runtime/static/static_backend.py", [
- ('''        entry.graph.replay()''', '''        import tr; tr.t("e1b2 staged")
-        entry.graph.replay()'''),
+ ('''        entry.graph.replay()''', '''        import tr; tr.t("e1b2 staged"); tr.ev("p0")
+        entry.graph.replay()
+        tr.ev("p1")'''),
+])
+# CUDA events of one join (tr.ev, read by angpu.py): the prefill's start and end, the join's end, the first chunk's launch
+patch("pipeline/runtime/scheduler.py", [
+ ('''        launched = self.launch() if self.placed else []
+        import tr; tr.t("e2 launched")''', '''        import tr; tr.ev("g0")
+        launched = self.launch() if self.placed else []
+        import tr; tr.t("e2 launched"); tr.ev("g1")'''),
+ ('''    def take(self, readback: Readback) -> None:
+        import tr; tr.t("e3 take")''', '''    def take(self, readback: Readback) -> None:
+        import tr; tr.t("e3 take"); tr.evflush()'''),
+ ('''        tr.t("e1h joined")''', '''        tr.t("e1h joined"); tr.ev("j1")'''),
 ])
 PY
