@@ -13,6 +13,8 @@ drains too, not kills."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import multiprocessing
 import os
 import shutil
@@ -59,6 +61,11 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.service, self.drain_s, self.drain_started = service, drain_s, None
         self.orders, self.obeyed, self.supervisor, self.heard = orders, 0, os.getppid(), heard or []
+        logging.getLogger("uvicorn.error").addFilter(self.quiet_when_forced)
+
+    def quiet_when_forced(self, record: logging.LogRecord) -> bool:
+        """A request cut by a stop at once is not the app's error: uvicorn logged each with a traceback."""
+        return not (self.force_exit and record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
 
     def handle_exit(self, sig, frame) -> None:
         # uvicorn's own handler stops at once and re-raises the signal afterwards (exit 143)
@@ -73,6 +80,13 @@ class DrainingServer(uvicorn.Server):
         # uvicorn's handlers are in place: take what came before them
         for sig in self.heard:
             self.handle_exit(sig, None)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        if self.force_exit:
+            # uvicorn skips the app's lifespan then, whose task, cancelled as the loop closed, was logged as
+            # a failed shutdown with a traceback; this app's lifespan ends at once
+            await self.lifespan.shutdown()
 
     async def on_tick(self, counter: int) -> bool:
         if self.orders is not None:

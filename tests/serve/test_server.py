@@ -59,6 +59,32 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(exported_run, tmp_path, h
     assert "Traceback" not in (tmp_path / "server.log").read_text()
 
 
+def test_a_second_sigterm_stops_the_drain_at_once_without_a_traceback(exported_run, tmp_path):
+    _, run, _ = exported_run
+    log = tmp_path / "server.log"
+    proc, url = start_server(run, log)
+    started = threading.Event()
+
+    def stream():
+        try:
+            with httpx.stream("POST", f"{url}/generate", json=DRAINING, timeout=60) as reply:
+                for _ in reply.iter_lines():
+                    started.set()
+        except httpx.HTTPError:  # cut by the second signal
+            pass
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert started.wait(30)
+    proc.send_signal(signal.SIGTERM)
+    while httpx.get(f"{url}/ready", timeout=5).status_code != 503:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 0, log.read_text()
+    reader.join(30)
+    assert "Traceback" not in log.read_text(), log.read_text()
+
+
 def test_several_http_processes_relay_one_engine_sum_their_metrics_and_drain(exported_run, tmp_path):
     """Two HTTP processes on one socket: concurrent clients, each on a connection of its own, all get
     the tokens a request gets alone; every scrape, whichever process answers it, counts every
