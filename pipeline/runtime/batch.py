@@ -51,17 +51,20 @@ class Batch:
             self.sent_ids = send(self.host[0], self.device)
         return self.sent_ids
 
+    def mask_and_positions(self) -> tuple[torch.Tensor, ...]:
+        """(attention mask, positions) on the device: a padded batch's own, sent with its ids; an unpadded
+        one's the shared ones of its shape."""
+        if self.padded:
+            return self.padded_on_device()[1:]
+        return unpadded_mask_and_positions(*self.host.shape[1:], self.device)
+
     @property
     def attention_mask(self) -> torch.Tensor:
-        if self.padded:
-            return self.padded_on_device()[1]
-        return unpadded_mask_and_positions(*self.host.shape[1:], self.device)[0]
+        return self.mask_and_positions()[0]
 
     @property
     def position_ids(self) -> torch.Tensor:
-        if self.padded:
-            return self.padded_on_device()[2]
-        return unpadded_mask_and_positions(*self.host.shape[1:], self.device)[1]
+        return self.mask_and_positions()[1]
 
 
 Prompts = list[list[int]] | np.ndarray  # token ids: a list per row, or one [B, S] integer array of equal rows
