@@ -9,6 +9,7 @@ and pads on the right with end-of-text, so it takes prompts of one length."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 
 from pipeline.runtime.backend import Backend, BackendUnavailable
 from pipeline.runtime.batch import Batch
+from pipeline.runtime.portable.ort_backend import cpu_threads
 
 
 class OrtGenaiBackend(Backend):
@@ -32,7 +34,10 @@ class OrtGenaiBackend(Backend):
         if device.type != "cpu":
             raise BackendUnavailable("the ort-genai row runs onnxruntime-genai's CPU package; its CUDA build is "
                                      "onnxruntime-genai-cuda, which this project has not run")
-        self.og, self.model = onnxruntime_genai, onnxruntime_genai.Model(str(folder))
+        config = onnxruntime_genai.Config(str(folder))
+        # as the ort backends: the cores this process may run on (ONNX Runtime's default counts the host's)
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": cpu_threads()}}}}))
+        self.og, self.model = onnxruntime_genai, onnxruntime_genai.Model(config)
         self.precision, self.device, self.n_positions, self.vocab_size = precision, device, n_positions, vocab_size
         self.generator = None
 
