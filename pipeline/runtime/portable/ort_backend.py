@@ -39,6 +39,12 @@ def cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def cannot_load(path: Path, runtime: str, error: Exception) -> UserError:
+    """One line for an artifact the runtime refused, with its own first line of why."""
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+    return UserError(f"{path}: {runtime} cannot load it ({first}); rerun `gpt2-deploy export --force`")
+
+
 def session_options(fuse_qdq: bool, config: dict[str, str] | None = None):
     """config: session config entries (ONNX Runtime ignores keys it does not know)."""
     ort = import_ort()
@@ -74,8 +80,7 @@ def open_session(onnx_path: Path, contract: Contract, precision: str, device: to
     try:
         session = ort.InferenceSession(str(onnx_path), session_options(fuse_qdq, session_config), providers=providers)
     except Exception as e:  # onnxruntime raises its own types for a truncated or foreign file
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise UserError(f"{onnx_path}: ONNX Runtime cannot load it ({first}); rerun `gpt2-deploy export --force`") from None
+        raise cannot_load(onnx_path, "ONNX Runtime", e) from None
     missing = contract.missing({t.name for t in [*session.get_inputs(), *session.get_outputs()]})
     if missing:
         raise BackendUnavailable(f"{onnx_path}: not a graph of this pipeline's contract (no {', '.join(missing[:3])})")

@@ -18,7 +18,7 @@ import torch
 
 from pipeline.runtime.backend import Backend, BackendUnavailable
 from pipeline.runtime.batch import Batch
-from pipeline.runtime.portable.ort_backend import cpu_threads
+from pipeline.runtime.portable.ort_backend import cannot_load, cpu_threads
 
 
 class OrtGenaiBackend(Backend):
@@ -34,10 +34,14 @@ class OrtGenaiBackend(Backend):
         if device.type != "cpu":
             raise BackendUnavailable("the ort-genai row runs onnxruntime-genai's CPU package; its CUDA build is "
                                      "onnxruntime-genai-cuda, which this project has not run")
-        config = onnxruntime_genai.Config(str(folder))
-        # as the ort backends: the cores this process may run on (ONNX Runtime's default counts the host's)
-        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": cpu_threads()}}}}))
-        self.og, self.model = onnxruntime_genai, onnxruntime_genai.Model(config)
+        try:  # the folder's genai_config.json is the user's to edit: a broken one is refused here, in one line
+            config = onnxruntime_genai.Config(str(folder))
+            # as the ort backends: the cores this process may run on (ONNX Runtime's default counts the host's)
+            config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": cpu_threads()}}}}))
+            self.model = onnxruntime_genai.Model(config)
+        except RuntimeError as e:  # onnxruntime-genai's type for a missing or unreadable config or graph
+            raise cannot_load(folder, "onnxruntime-genai", e) from None
+        self.og = onnxruntime_genai
         self.precision, self.device, self.n_positions, self.vocab_size = precision, device, n_positions, vocab_size
         self.generator = None
 

@@ -2,11 +2,16 @@
 ONNX Runtime: on the cores this process may use."""
 
 import os
+import re
 
 import pytest
 import torch
 
+from pipeline.contract import ORT
+from pipeline.errors import UserError
+from pipeline.export.genai_config import CONFIG_FILE
 from pipeline.runtime.loader import open_backend
+from tests.conftest import copy_run
 
 CPU = torch.device("cpu")
 
@@ -41,3 +46,14 @@ def test_onnxruntime_genai_takes_one_thread_a_core_this_process_may_run_on(expor
     # default ran one thread, half the speed on two cores: docs/performance.md)
     assert threads_started_opening(run, two) == 1
     assert threads_started_opening(run, {min(two)}) == 0
+
+
+@pytest.mark.parametrize("config", [None, '{"model": '], ids=["missing", "truncated"])
+def test_a_missing_or_broken_genai_config_is_one_line_naming_the_folder(exported_run, tmp_path, config):
+    pytest.importorskip("onnxruntime_genai", reason="the onnxruntime-genai test needs the [dev] extra")
+    _, run, _ = exported_run
+    run = copy_run(run, tmp_path / "run")
+    path = run.onnx("fp32", ORT) / CONFIG_FILE
+    path.unlink() if config is None else path.write_text(config)
+    with pytest.raises(UserError, match=f"^{re.escape(str(path.parent))}: onnxruntime-genai cannot load it .*rerun `gpt2-deploy export --force`$"):
+        open_backend(run, "ort-genai", "fp32", CPU)
