@@ -21,7 +21,7 @@ BENCH_ARGS  ?= $(if $(filter tiny,$(PRESET)),--batch 1$(comma)8)
 CLI   := $(VENV)/bin/gpt2-deploy
 STAGE := --preset $(PRESET) --run $(RUN) --artifacts $(ART) $(ARGS)
 
-.PHONY: all install finetune export build-engine validate bench profile train-bench doctor test clean FORCE
+.PHONY: all install finetune export build-engine validate bench profile train-bench doctor lint test clean FORCE
 # the main job: every stage on the embedded default, end to end
 all: finetune export build-engine validate bench
 
@@ -64,8 +64,12 @@ train-bench: install
 doctor: install
 	$(CLI) doctor
 
-test: install
+test: lint
 	$(VENV)/bin/python -m pytest -q
+
+# the settings are pyproject.toml's [tool.ruff]
+lint: install
+	$(VENV)/bin/ruff check pipeline serve tests
 
 clean:
 	rm -rf $(ART)/$(RUN)

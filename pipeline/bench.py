@@ -50,6 +50,8 @@ class BenchSettings:
     new_tokens: int = 128
     repeats: int = 3
     pairs: list[tuple[str, str]] = field(default_factory=list)
+    # a sampled row beside each greedy one (temperature, top_p, top_k, seed), as completion users send
+    sample: Sampling | None = None
 
 
 @dataclass
@@ -58,6 +60,7 @@ class Row:
     precision: str
     batch: int
     status: str  # ok | skipped | error
+    decoding: str = "greedy"  # greedy | sampled (BenchSettings.sample)
     reason: str = ""
     ttft_ms: float | None = None
     decode_ms_p50: float | None = None
@@ -76,6 +79,7 @@ class Row:
     warmup_s: float | None = None  # first generation at this batch: compilation, CUDA-graph capture, autotuning
     baseline: str = ""
     speedup_vs_eager: float | None = None
+    vs_greedy: float | None = None  # a sampled row's tokens/s over its greedy twin's, paired by round
 
 
 def device_memory_mib(device: torch.device) -> float:
@@ -175,7 +179,10 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
     tokenizer = load_tokenizer(run.checkpoint)
     splits = prepare_data(cfg, run, tokenizer)
     blocks = heldout_blocks(splits, max(settings.batches), settings.prompt_tokens, "bench batch size", from_end=True)
-    sampling = Sampling(max_new_tokens=settings.new_tokens)  # greedy, no stop tokens: every row generates new_tokens
+    # no stop tokens: every row generates new_tokens
+    decodings = {"greedy": Sampling(max_new_tokens=settings.new_tokens)}
+    if settings.sample is not None:
+        decodings["sampled"] = settings.sample
     rows: list[Row] = []
     opened: dict[tuple[str, str], Backend] = {}
     live: list[Row] = []  # rows warmed up, to be timed
@@ -188,30 +195,32 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
         try:
             backend = opened[name, precision] = open_backend(run, name, precision, device)
         except BackendUnavailable as e:
-            rows += [Row(name, precision, b, "skipped", str(e)) for b in settings.batches]
+            rows += [Row(name, precision, b, "skipped", str(e), d) for b in settings.batches for d in decodings]
             continue
         synchronize(device)
         load_s = time.perf_counter() - start
         for batch in settings.batches:
-            try:
-                start = time.perf_counter()
-                for _ in Generator(backend).stream(blocks[:batch], sampling):
-                    pass
-                synchronize(device)
-                row = Row(name, precision, batch, "ok", load_s=load_s, warmup_s=time.perf_counter() - start,
-                          peak_memory_mib=device_memory_mib(device))
-            except Exception as e:  # one row failing (out of memory, a profile too small) keeps the others
-                row = Row(name, precision, batch, "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-            rows.append(row)
-            live += [row] if row.status == "ok" else []
+            for decoding, sampling in decodings.items():
+                try:
+                    start = time.perf_counter()
+                    for _ in Generator(backend).stream(blocks[:batch], sampling):
+                        pass
+                    synchronize(device)
+                    row = Row(name, precision, batch, "ok", decoding=decoding, load_s=load_s,
+                              warmup_s=time.perf_counter() - start, peak_memory_mib=device_memory_mib(device))
+                except Exception as e:  # one row failing (out of memory, a profile too small) keeps the others
+                    row = Row(name, precision, batch, "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                              decoding)
+                rows.append(row)
+                live += [row] if row.status == "ok" else []
     passes: dict[int, list] = {id(row): [] for row in live}
     for row in progress(list(rounds(live, settings.repeats)), total=len(live) * settings.repeats,
                         description="bench: timed rounds"):
         # blocks[:batch]: one array, as a tokenizer's batch: no Python ints to convert
         gen, prompts = Generator(opened[row.backend, row.precision]), blocks[:row.batch]
-        passes[id(row)].append(timed_pass(gen, prompts, sampling, device))
+        passes[id(row)].append(timed_pass(gen, prompts, decodings[row.decoding], device))
     for row in live:
-        gen, prompts = Generator(opened[row.backend, row.precision]), blocks[:row.batch]
+        gen, prompts, sampling = Generator(opened[row.backend, row.precision]), blocks[:row.batch], decodings[row.decoding]
         synced = (list(np.diff(synced_token_times(gen, prompts, sampling, device))) if device.type == "cuda" else [])
         for key, value in summarise_passes(passes[id(row)], row.batch * sampling.max_new_tokens, synced).items():
             setattr(row, key, value)
@@ -224,16 +233,24 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
 
 
 def add_speedups(rows: list[Row], device: torch.device) -> None:
-    """Speed-up in tokens/s over eager PyTorch at the same precision and batch; int8 rows compare
-    with the float precision a deployment would otherwise run (fp16 on a GPU, fp32 on a CPU)."""
-    eager = {(r.precision, r.batch): r for r in rows if r.backend == "torch" and r.status == "ok"}
+    """Speed-up in tokens/s over eager PyTorch at the same precision, batch and decoding; int8 rows
+    compare with the float precision a deployment would otherwise run (fp16 on a GPU, fp32 on a CPU).
+    A sampled row also gets its ratio to the same engine's greedy row."""
+    ok = [r for r in rows if r.status == "ok"]
+    eager = {(r.precision, r.batch, r.decoding): r for r in ok if r.backend == "torch"}
+    greedy = {(r.backend, r.precision, r.batch): r for r in ok if r.decoding == "greedy"}
     fallback = "fp16" if device.type == "cuda" else "fp32"
-    for r in rows:
-        if r.status != "ok":
-            continue
-        base = eager.get((r.precision, r.batch)) or eager.get((fallback, r.batch))
+    for r in ok:
+        base = eager.get((r.precision, r.batch, r.decoding)) or eager.get((fallback, r.batch, r.decoding))
         if base is not None:
             r.baseline = f"torch {base.precision}"
-            r.speedup_vs_eager = statistics.median(
-                mine / theirs for mine, theirs in zip(r.pass_tokens_per_s, base.pass_tokens_per_s))
+            r.speedup_vs_eager = paired_ratio(r, base)
+        twin = greedy.get((r.backend, r.precision, r.batch))
+        if r.decoding != "greedy" and twin is not None:
+            r.vs_greedy = paired_ratio(r, twin)
         r.noisy = max(r.spread or 0, (base.spread or 0) if base else 0) > NOISY_SPREAD
+
+
+def paired_ratio(row: Row, base: Row) -> float:
+    """The median over rounds of the row's tokens/s over the base's in the same round."""
+    return statistics.median(mine / theirs for mine, theirs in zip(row.pass_tokens_per_s, base.pass_tokens_per_s))

@@ -21,24 +21,36 @@ def markdown(result: dict) -> str:
     env, st = result["environment"], result["settings"]
     where = env.get("gpu", f"CPU ({env.get('cpu_threads')} threads)")
     lines = [f"# Benchmark: {where}", "",
-             f"prompt {st['prompt_tokens']} tokens, {st['new_tokens']} new tokens, greedy; median of {st['repeats']} "
+             f"prompt {st['prompt_tokens']} tokens, {st['new_tokens']} new tokens, {decodings(st)}; median of {st['repeats']} "
              f"interleaved passes, every figure of a row from the same passes (spread: max - min over the median; "
-             f"noisy: the row's or its baseline's spread is over 15%, its ratio says little); torch {env['packages'].get('torch')}, onnxruntime "
+             f"noisy: the row's or its baseline's spread is over 15%, its ratio says little); "
+             f"torch {env['packages'].get('torch')}, onnxruntime "
              f"{env['packages'].get('onnxruntime-gpu') or env['packages'].get('onnxruntime')}", "",
-             "| backend | precision | batch | TTFT ms | decode ms p50 | p90 | p99 | p50 host-synced | tokens/s | spread | x eager | vs | memory MiB "
-             "| load s | warm-up s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+             "| backend | precision | batch | decoding | TTFT ms | decode ms p50 | p90 | p99 | p50 host-synced | tokens/s | spread "
+             "| x eager | vs | x greedy | memory MiB | load s | warm-up s |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in result["rows"]:
+        label = f"| {r['backend']} | {r['precision']} | {r['batch']} | {r.get('decoding', 'greedy')} |"
         if r["status"] != "ok":
-            lines.append(f"| {r['backend']} | {r['precision']} | {r['batch']} | {r['status']}: {r['reason']} |||||||||||||")
+            lines.append(f"{label} {r['status']}: {r['reason']} ||||||||||||||")
             continue
-        lines.append(f"| {r['backend']} | {r['precision']} | {r['batch']} | {_fmt(r['ttft_ms'], '.2f')} | "
+        lines.append(f"{label} {_fmt(r['ttft_ms'], '.2f')} | "
                      f"{_fmt(r['decode_ms_p50'], '.3f')} | {_fmt(r['decode_ms_p90'], '.3f')} | {_fmt(r['decode_ms_p99'], '.3f')} | "
                      f"{_fmt(r.get('decode_ms_p50_synced'), '.3f')} | "
                      f"{_fmt(r['tokens_per_s'], ',.0f')} | {spread(r)} | "
                      f"{_fmt(r['speedup_vs_eager'], '.2f')}{' (noisy)' if r.get('noisy') else ''} | {r['baseline']} | "
+                     f"{_fmt(r.get('vs_greedy'), '.2f')} | "
                      f"{_fmt(r['peak_memory_mib'], ',.0f')} | {_fmt(r['load_s'], '.1f')} | {_fmt(r['warmup_s'], '.1f')} |")
     return "\n".join(lines) + "\n"
+
+
+def decodings(settings: dict) -> str:
+    """How the rows decode: greedy, and the sampled rows' settings where there are some."""
+    s = settings.get("sample")
+    if not s:
+        return "greedy"
+    return (f"greedy and sampled (temperature {s['temperature']}, top_p {s['top_p']}, top_k {s['top_k']}, "
+            f"seed {s['seed']})")
 
 
 def spread(row: dict) -> str:
@@ -55,7 +67,8 @@ def plot(result: dict, path: Path) -> None:
     series: dict[str, list[dict]] = {}
     for r in result["rows"]:
         if r["status"] == "ok":
-            series.setdefault(f"{r['backend']} {r['precision']}", []).append(r)
+            sampled = " sampled" if r.get("decoding", "greedy") != "greedy" else ""
+            series.setdefault(f"{r['backend']} {r['precision']}{sampled}", []).append(r)
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for label, rows in sorted(series.items()):
         rows.sort(key=lambda r: r["batch"])
@@ -97,7 +110,7 @@ def read_bench(path: Path) -> dict:
 
 def compare(new: dict, old: dict) -> list[dict]:
     """Row-by-row change in tokens/s and p50 latency; `regression` where throughput fell by more than 10%."""
-    key = lambda r: (r["backend"], r["precision"], r["batch"])  # noqa: E731
+    key = lambda r: (r["backend"], r["precision"], r["batch"], r.get("decoding", "greedy"))  # noqa: E731
     before = {key(r): r for r in old["rows"] if r["status"] == "ok"}
     changes = []
     for r in new["rows"]:
@@ -105,7 +118,7 @@ def compare(new: dict, old: dict) -> list[dict]:
         if r["status"] != "ok" or o is None:
             continue
         throughput = r["tokens_per_s"] / o["tokens_per_s"] - 1
-        changes.append({"backend": r["backend"], "precision": r["precision"], "batch": r["batch"],
+        changes.append({"backend": r["backend"], "precision": r["precision"], "batch": r["batch"], "decoding": key(r)[3],
                         "tokens_per_s_change": throughput, "p50_change": r["decode_ms_p50"] / o["decode_ms_p50"] - 1,
                         "regression": throughput < -REGRESSION})
     return changes
@@ -123,5 +136,6 @@ def write_reports(result: dict, run) -> None:
 def print_comparison(new: dict, old: dict) -> None:
     for c in compare(new, old):
         flag = "  [red]REGRESSION[/]" if c["regression"] else ""
-        console.print(f"  {c['backend']} {c['precision']} b{c['batch']}: tokens/s {100 * c['tokens_per_s_change']:+.1f}%, "
+        sampled = "" if c["decoding"] == "greedy" else f" {c['decoding']}"
+        console.print(f"  {c['backend']} {c['precision']} b{c['batch']}{sampled}: tokens/s {100 * c['tokens_per_s_change']:+.1f}%, "
                       f"p50 {100 * c['p50_change']:+.1f}%{flag}")

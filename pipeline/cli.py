@@ -33,7 +33,8 @@ Device = Annotated[str, typer.Option(help="auto (cuda if visible), cpu, cuda or 
 BACKEND_NAMES = "torch, torch-compiled, triton, ort, ort-fused, ort-genai, trt"
 BackendName = Annotated[str, typer.Option("--backend", help=f"One of {BACKEND_NAMES}.")]
 BackendFilter = Annotated[Optional[list[str]], typer.Option("--backend", help=f"Only these backends (repeatable): {BACKEND_NAMES}.")]
-PrecisionFilter = Annotated[Optional[list[str]], typer.Option("--precision", help=f"Only these precisions (repeatable): {', '.join(PRECISIONS)}.")]
+PrecisionFilter = Annotated[Optional[list[str]], typer.Option(
+    "--precision", help=f"Only these precisions (repeatable): {', '.join(PRECISIONS)}.")]
 PrecisionName = Annotated[str, typer.Option("--precision", help=f"One of {', '.join(PRECISIONS)}.")]
 
 
@@ -170,7 +171,8 @@ def _pairs(matrix: list[tuple[str, str]], backend: Optional[list[str]], precisio
 def validate_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
                  artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
                  backend: BackendFilter = None, precision: PrecisionFilter = None,
-                 polygraphy: Annotated[bool, typer.Option(metavar="", help="Also compare the ONNX graphs with Polygraphy.")] = False) -> None:
+                 polygraphy: Annotated[bool, typer.Option(metavar="",
+                                                          help="Also compare the ONNX graphs with Polygraphy.")] = False) -> None:
     """Compare every backend and precision with PyTorch fp32; exit 1 when one exceeds its budget."""
     from pipeline.runtime.loader import default_matrix
     from pipeline.validate import report, validate
@@ -188,11 +190,16 @@ def bench_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = N
               prompt_tokens: Annotated[int, typer.Option(min=1, help="Prompt length.")] = 128,
               new_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per sequence.")] = 128,
               repeats: Annotated[int, typer.Option(min=1, help="Timed repeats (medians are reported).")] = 3,
-              compare: Annotated[Optional[Path], typer.Option(help="An earlier bench.json: print the change.")] = None) -> None:
+              compare: Annotated[Optional[Path], typer.Option(help="An earlier bench.json: print the change.")] = None,
+              sample: Annotated[bool, typer.Option(metavar="", help="A sampled row beside each greedy one.")] = False,
+              temperature: Annotated[float, typer.Option(help="The sampled rows' temperature.")] = 0.8,
+              top_p: Annotated[float, typer.Option(help="The sampled rows' nucleus mass in (0, 1].")] = 0.95,
+              top_k: Annotated[int, typer.Option(help="The sampled rows' top-k (0 = off).")] = 0) -> None:
     """Benchmark latency and throughput of every backend x precision x batch through the runtime."""
     from pipeline.bench import BenchSettings, bench
     from pipeline.bench_report import print_comparison, read_bench
     from pipeline.runtime.loader import bench_matrix
+    from pipeline.runtime.sampling import Sampling
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
     try:
@@ -202,7 +209,13 @@ def bench_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = N
     if not batches or batches[0] < 1:
         raise UserError(f"--batch {batch!r}: batch sizes must be at least 1")
     old = read_bench(compare) if compare is not None else None
-    settings = BenchSettings(batches, prompt_tokens, new_tokens, repeats, _pairs(bench_matrix(), backend, precision))
+    sampled = None
+    if sample:
+        sampled = Sampling(max_new_tokens=new_tokens, do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k,
+                           seed=0)
+        sampled.check()
+    settings = BenchSettings(batches, prompt_tokens, new_tokens, repeats, _pairs(bench_matrix(), backend, precision),
+                             sampled)
     result = bench(cfg, rundir, _device(device), settings)
     if old is not None:
         print_comparison(result, old)
@@ -238,15 +251,21 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
           artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
           backend: BackendName = "ort", precision: PrecisionName = "fp32",
           host: Annotated[Optional[str], typer.Option(help="Address to listen on (config serve.host, default 127.0.0.1).")] = None,
-          port: Annotated[Optional[int], typer.Option(min=1, max=65535, help="Port to listen on (config serve.port, default 8000).")] = None,
-          max_body: Annotated[Optional[int], typer.Option(min=1024, help="Largest request body in bytes, 413 above (config serve.max_body).")] = None,
-          queue: Annotated[Optional[int], typer.Option(min=1, help="Requests that may wait to start, 429 above (config serve.queue, default 64).")] = None,
-          max_rows: Annotated[Optional[int], typer.Option(min=1, help="Prompts decoded at once, continuous batching (config serve.max_rows, default 64).")] = None,
+          port: Annotated[Optional[int], typer.Option(
+              min=1, max=65535, help="Port to listen on (config serve.port, default 8000).")] = None,
+          max_body: Annotated[Optional[int], typer.Option(
+              min=1024, help="Largest request body in bytes, 413 above (config serve.max_body).")] = None,
+          queue: Annotated[Optional[int], typer.Option(
+              min=1, help="Requests that may wait to start, 429 above (config serve.queue, default 64).")] = None,
+          max_rows: Annotated[Optional[int], typer.Option(
+              min=1, help="Prompts decoded at once, continuous batching (config serve.max_rows, default 64).")] = None,
           continuous: Annotated[bool, typer.Option(metavar="", help="Batch requests continuously (torch-compiled, triton); "
                                                    "--no-continuous serves one request at a time.")] = True,
-          timeout: Annotated[Optional[float], typer.Option(min=0.1, help="Seconds a request may run, 504 after (config serve.timeout_s, default 120).")] = None,
-          http_processes: Annotated[Optional[int], typer.Option(min=0, help="HTTP processes relaying the one engine (config "
-                                                                "serve.http_processes; default 0: 8 with a GPU (at most half the cores), 1 on a CPU).")] = None,
+          timeout: Annotated[Optional[float], typer.Option(
+              min=0.1, help="Seconds a request may run, 504 after (config serve.timeout_s, default 120).")] = None,
+          http_processes: Annotated[Optional[int], typer.Option(
+              min=0, help="HTTP processes relaying the one engine (config serve.http_processes; default 0: 8 with a GPU "
+                          "(at most half the cores), 1 on a CPU).")] = None,
           docs: Annotated[bool, typer.Option("--docs", metavar="", help="Also serve /docs and /openapi.json.")] = False) -> None:
     """Serve generation over HTTP: OpenAI's /v1/completions, /generate, /batch_generate, /health, /ready, /metrics."""
     try:
@@ -297,6 +316,10 @@ def loadtest(url: Annotated[str, typer.Argument(help="The server, e.g. http://12
              duration: Annotated[float, typer.Option(min=1.0, help="Seconds measured per load level.")] = 15.0,
              warmup: Annotated[float, typer.Option(min=0.0, help="Seconds of load before each measurement.")] = 2.0,
              workers: Annotated[int, typer.Option(min=0, help="Client processes (0: one per 16 clients, up to the cores).")] = 0,
+             temperature: Annotated[float, typer.Option(min=0.0, max=2.0, help="Sampled requests' temperature (0: greedy).")] = 0.0,
+             top_p: Annotated[float, typer.Option(min=0.01, max=1.0, help="Sampled requests' top_p.")] = 1.0,
+             top_k: Annotated[int, typer.Option(min=-1, help="Sampled requests' top_k (-1: off).")] = -1,
+             sampled_share: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of requests that sample (the rest greedy).")] = 1.0,
              out: Annotated[Path, typer.Option(help="Folder for loadtest.json, .md and .png.")] = ARTIFACTS_ROOT / "loadtest") -> None:
     """Measure a running server as clients see it: throughput, time to first token, inter-token latency."""
     from pipeline.loadtest import LoadSettings, write_reports
@@ -309,7 +332,7 @@ def loadtest(url: Annotated[str, typer.Argument(help="The server, e.g. http://12
     if not rate and (not levels or min(levels) < 1):
         raise UserError(f"--concurrency {concurrency!r}: give at least one number of clients, each at least 1")
     settings = LoadSettings(url.rstrip("/"), levels, rate, prompt_tokens, max_tokens, spread, ignore_eos, duration, warmup,
-                            workers=workers)
+                            temperature=temperature, top_p=top_p, top_k=top_k, sampled_share=sampled_share, workers=workers)
     write_reports(run_loadtest(settings), out)
 
 

@@ -92,7 +92,8 @@ class EngineConfig:
     max_seq: int = 512  # the longest prompt one prefill takes
     max_len: int = 1024  # past + new tokens; at most model.n_positions
     opt_len: int = 256
-    targets: list[str] = field(default_factory=list)  # TensorRT-RTX compute capabilities, e.g. sm86,sm89; [] = this GPU, or sm86 without one
+    # TensorRT-RTX compute capabilities, e.g. sm86,sm89; [] = this GPU, or sm86 without one
+    targets: list[str] = field(default_factory=list)
     optimization_level: int = 3  # builder optimisation level 0-5: higher searches longer for faster kernels
     workspace_gib: float = 16.0  # tactic scratch space; 4 GiB made the 124M build run out on an H200
 

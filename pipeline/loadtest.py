@@ -42,6 +42,11 @@ class LoadSettings:
     duration_s: float = 15.0
     warmup_s: float = 2.0
     seed: int = 0
+    # sampling: requests that sample (a share of them) send these; the rest are greedy (temperature 0)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    sampled_share: float = 1.0
     workers: int = 0  # client processes; 0 = one per CLIENTS_PER_WORKER clients (or RATE_PER_WORKER req/s), up to the cores
 
 
@@ -99,11 +104,27 @@ def lengths(n: int, spread: float, rng: random.Random) -> int:
     return max(1, round(n * (1 + spread * (2 * rng.random() - 1))))
 
 
+def sampling_fields(settings: LoadSettings, rng: random.Random) -> dict:
+    """A request's sampling: greedy, or (for sampled_share of the requests) the settings' temperature,
+    top_p and top_k, unseeded as users send them."""
+    if settings.temperature <= 0 or rng.random() >= settings.sampled_share:
+        return {"temperature": 0}
+    return {"temperature": settings.temperature, "top_p": settings.top_p, "top_k": settings.top_k}
+
+
+def describe_sampling(st: dict) -> str:
+    if st.get("temperature", 0) <= 0:
+        return "greedy"
+    share = st.get("sampled_share", 1.0)
+    sampled = f"temperature {st['temperature']:g}, top_p {st['top_p']:g}, top_k {st['top_k']}"
+    return sampled if share >= 1 else f"{100 * share:.0f}% sampled ({sampled}), the rest greedy"
+
+
 async def one_request(client, settings: LoadSettings, model: str, prompt: str, rng: random.Random, run: Run) -> None:
-    """One streaming /v1/completions request, greedy. Tokens are counted from the usage each chunk
-    carries (vLLM's continuous_usage_stats; one token a chunk where a server sends none)."""
+    """One streaming /v1/completions request, greedy or sampled (sampling_fields). Tokens are counted from
+    the usage each chunk carries (vLLM's continuous_usage_stats; one token a chunk where a server sends none)."""
     body = {"model": model, "prompt": prompt, "max_tokens": lengths(settings.max_tokens, settings.spread, rng),
-            "temperature": 0, "stream": True, "ignore_eos": settings.ignore_eos,
+            **sampling_fields(settings, rng), "stream": True, "ignore_eos": settings.ignore_eos,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     started, marks, tokens = time.perf_counter(), [], 0
     try:
@@ -281,10 +302,12 @@ def markdown(result: dict) -> str:
     lines = [f"# Load test: {server['model']}, {server.get('backend', '?')} {server.get('precision', '?')} "
              f"on {server.get('device', '?')}", "",
              f"{st['url']}; prompt ~{st['prompt_tokens']} tokens, {st['max_tokens']} new tokens"
-             f"{' (EOS ignored)' if st['ignore_eos'] else ''}, spread {st['spread']}; {st['duration_s']:g} s per level "
+             f"{' (EOS ignored)' if st['ignore_eos'] else ''}, spread {st['spread']}, {describe_sampling(st)}; "
+             f"{st['duration_s']:g} s per level "
              f"after {st['warmup_s']:g} s of warm-up; streaming clients; latencies of the requests sent in those "
              f"{st['duration_s']:g} s", "",
-             "| load | requests | errors | tokens/s | TTFT ms p50 / p90 / p99 | ITL ms p50 / p90 / p99 | TPOT ms p50 / p90 / p99 | end to end ms p50 / p90 / p99 |",
+             "| load | requests | errors | tokens/s | TTFT ms p50 / p90 / p99 | ITL ms p50 / p90 / p99 | TPOT ms p50 / p90 / p99 "
+             "| end to end ms p50 / p90 / p99 |",
              "|---|---:|---:|---:|---|---|---|---|"]
     for r in result["rows"]:
         load = f"{r['concurrency']} clients" if "concurrency" in r else f"{r['rate']:g} req/s"

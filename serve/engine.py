@@ -106,7 +106,8 @@ class EngineProcess:
         try:
             kind, detail = first.recv()
         except EOFError:
-            raise UserError(f"the engine process exited while starting (exit code {self.process.join(5) or self.process.exitcode})") from None
+            code = self.process.join(5) or self.process.exitcode
+            raise UserError(f"the engine process exited while starting (exit code {code})") from None
         if kind == "failed":
             raise UserError(detail)
         return detail

@@ -30,13 +30,16 @@ class GenerateSettings(BaseModel):
     temperature: float = Field(1.0, ge=0, le=2)
     top_k: int = Field(0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    repetition_penalty: float = Field(1.0, gt=0, le=2)
+    repetition_penalty: float = Field(1.0, ge=0.01, le=2)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
     seed: int | None = Field(None, ge=0, lt=2**63)
     ignore_eos: bool = False  # generate max_new_tokens whatever comes (vLLM's extension, for load tests)
 
     def sampling(self, eos: int) -> Sampling:
         return Sampling(max_new_tokens=self.max_new_tokens, do_sample=self.do_sample, temperature=self.temperature,
                         top_k=self.top_k, top_p=self.top_p, repetition_penalty=self.repetition_penalty,
+                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                         seed=self.seed, stop_tokens=() if self.ignore_eos else (eos,))
 
 

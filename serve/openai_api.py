@@ -2,8 +2,9 @@
 
     GET  /v1/models        the one model served
     POST /v1/completions   prompt (a string or a list), max_tokens, temperature, top_p, seed, stop,
-                           stream (+ stream_options.include_usage), echo; vLLM's extensions top_k,
-                           repetition_penalty, ignore_eos and stream_options.continuous_usage_stats.
+                           stream (+ stream_options.include_usage), echo, presence_penalty,
+                           frequency_penalty; vLLM's extensions top_k, repetition_penalty, ignore_eos
+                           and stream_options.continuous_usage_stats.
                            Ranges as vLLM checks them. n = 1 only; logprobs are not offered (the
                            batched decode keeps no per-token log-probabilities).
 
@@ -44,7 +45,9 @@ class CompletionRequest(BaseModel):
     temperature: float = Field(1.0, ge=0, le=2)  # 0 = greedy
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)  # -1 or 0 = every token
-    repetition_penalty: float = Field(1.0, gt=0, le=2)
+    repetition_penalty: float = Field(1.0, ge=0.01, le=2)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
     stream: bool = False
@@ -67,7 +70,8 @@ class CompletionRequest(BaseModel):
     def sampling(self, eos: int) -> Sampling:
         return Sampling(max_new_tokens=self.max_tokens, do_sample=self.temperature > 0,
                         temperature=self.temperature or 1.0, top_k=max(self.top_k, 0), top_p=self.top_p,
-                        repetition_penalty=self.repetition_penalty, seed=self.seed,
+                        repetition_penalty=self.repetition_penalty,
+                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty, seed=self.seed,
                         stop_tokens=() if self.ignore_eos else (eos,))
 
 

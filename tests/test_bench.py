@@ -103,3 +103,26 @@ def test_a_speedup_pairs_each_pass_with_the_baselines_pass_of_its_round():
     fused = Row("ort-fused", "fp32", 8, "ok", tokens_per_s=200.0, spread=0.75, pass_tokens_per_s=[300.0, 200.0, 150.0])
     add_speedups([eager, fused], torch.device("cpu"))
     assert (eager.speedup_vs_eager, fused.speedup_vs_eager, fused.baseline) == (1.0, 3.0, "torch fp32")
+
+
+def test_sample_adds_a_sampled_row_beside_each_greedy_one(exported_run, tmp_path):
+    """--sample: every (backend, precision, batch) gets a greedy and a sampled row, each timed in the same
+    interleaved rounds; a sampled row's speed-up is over eager sampling, and vs_greedy over its twin."""
+    cfg, run, _ = exported_run
+    run = copy_run(run, tmp_path / "run")
+    result = runner.invoke(app, _args(run, "--backend", "torch", "--backend", "torch-compiled", "--precision", "fp32",
+                                      "--sample", "--temperature", "0.7", "--top-p", "0.9",
+                                      "--set", f"data.source={cfg.data.source}"))
+    assert result.exit_code == 0, result.output
+    bench = json.loads((run.reports / "bench.json").read_text())
+    rows = [r for r in bench["rows"] if r["status"] == "ok"]
+    assert sorted((r["backend"], r["batch"], r["decoding"]) for r in rows) == sorted(
+        (b, n, d) for b in ("torch", "torch-compiled") for n in (1, 2) for d in ("greedy", "sampled"))
+    for r in rows:
+        assert (r["vs_greedy"] is not None) == (r["decoding"] == "sampled")
+        assert r["speedup_vs_eager"] > 0 and r["tokens_per_s"] > 0
+    assert bench["settings"]["sample"]["temperature"] == 0.7 and bench["settings"]["sample"]["do_sample"]
+    table = (run.reports / "bench.md").read_text()
+    assert "greedy and sampled (temperature 0.7, top_p 0.9" in table and "| torch-compiled | fp32 | 2 | sampled |" in table
+    bad = runner.invoke(app, _args(run, "--sample", "--top-p", "1.5"))
+    assert bad.exit_code == 1 and "--top-p 1.5: must be in (0, 1]" in bad.output

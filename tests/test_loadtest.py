@@ -61,3 +61,21 @@ def test_latencies_are_of_the_requests_sent_in_the_measured_window():
               samples=[Sample(0.2, 0.9, [0.1], 1.0, 2), Sample(1.2, 0.01, [0.02], 0.05, 2), Sample(3.2, 0.9, [0.1], 1.0, 2)])
     row = summarise(run, {"concurrency": 1}, (1.0, 3.0))
     assert row["requests"] == 1 and row["ttft_ms"]["p50"] == pytest.approx(10.0) and row["tokens_per_s"] == 1.0
+
+
+def test_a_mixed_load_sends_the_share_of_sampled_requests_it_asks_for(server):
+    """Half the requests sampled (temperature, top_p, top_k as given), half greedy; the server answers both."""
+    import random
+
+    from pipeline.loadtest import describe_sampling, sampling_fields
+
+    settings = LoadSettings(server, concurrency=[2], prompt_tokens=8, max_tokens=4, duration_s=1.5, warmup_s=0.0,
+                            temperature=0.8, top_p=0.95, top_k=40, sampled_share=0.5)
+    rng = random.Random(0)
+    fields = [sampling_fields(settings, rng) for _ in range(2000)]
+    sampled = [f for f in fields if f["temperature"] > 0]
+    assert 900 < len(sampled) < 1100 and all(f == {"temperature": 0.8, "top_p": 0.95, "top_k": 40} for f in sampled)
+    assert describe_sampling({"temperature": 0.8, "top_p": 0.95, "top_k": 40, "sampled_share": 0.5}) == \
+        "50% sampled (temperature 0.8, top_p 0.95, top_k 40), the rest greedy"
+    row = loadtest(settings)["rows"][0]
+    assert row["errors"] == {} and row["requests"] >= 2 and row["tokens_per_request"] == 4

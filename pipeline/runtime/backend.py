@@ -6,9 +6,10 @@ them), and the backend keeps which cache slots of each row hold real tokens, so 
 only each row's token and position. Tensors cross this boundary as torch tensors on the backend's
 device, the prefill's ids also on the host (Batch.host_ids) for backends that copy them themselves.
 
-One capability is optional and explicit: fused_greedy. A backend that sets it runs plain greedy
-decoding itself (greedy_steps), feeding each argmax back with no host work per token (the
-static-cache backends on a GPU replay one CUDA graph a token)."""
+Two capabilities are optional and explicit. fused_greedy: the backend runs plain greedy decoding
+itself (greedy_steps), feeding each argmax back with no host work per token (the static-cache
+backends on a GPU replay one CUDA graph a token). fused_sampling: likewise for sampled decoding
+(sampled_steps), each row drawn on the device by the settings in the backend's sampling_table()."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 import torch
 
 from pipeline.runtime.batch import Batch
+from pipeline.runtime.sampler import SamplingTable
 
 
 class Backend:
@@ -26,6 +28,7 @@ class Backend:
     n_positions: int  # context limit: prompt + generated tokens
     vocab_size: int
     fused_greedy = False  # whether greedy_steps is offered
+    fused_sampling = False  # whether sampled_steps and sampling_table are offered
     # a runtime with a thread pool of its own on the CPU (ONNX Runtime): the torch ops around its steps
     # then run on one thread, since torch's OpenMP workers, spinning after each op, took the cores from
     # it (4x slower ort fp16 decode steps on 2 cores; docs/performance.md, "The CPU bench")
@@ -50,6 +53,14 @@ class Backend:
         """With fused_greedy, after a prefill: token [B] goes in at position [B, 1], then each step's
         argmax feeds the next. Yields `count` tokens [B], valid until the next generation."""
         raise NotImplementedError(f"{self.name} has no fused greedy decoding")
+
+    def sampling_table(self) -> SamplingTable:
+        """With fused_sampling, after a reset: the per-row settings sampled_steps reads, to fill."""
+        raise NotImplementedError(f"{self.name} has no fused sampling")
+
+    def sampled_steps(self, token: torch.Tensor, position: torch.Tensor, count: int) -> Iterator[torch.Tensor]:
+        """As greedy_steps, each step's tokens drawn by the rows' settings in sampling_table()."""
+        raise NotImplementedError(f"{self.name} has no fused sampling")
 
 
 class BackendUnavailable(Exception):

@@ -11,7 +11,8 @@ import torch
 from pipeline.errors import UserError
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.batch import Prompts, left_pad
-from pipeline.runtime.sampling import Sampling, next_tokens
+from pipeline.runtime.sampler import SamplingTable, sample
+from pipeline.runtime.sampling import Sampling
 
 
 def check_length(prompt_len: int, max_new_tokens: int, limit: int, option: str = "max_new_tokens") -> None:
@@ -54,27 +55,34 @@ class Generator:
         rows, width = batch.host_ids.shape
         self.check_length(width, sampling.max_new_tokens)
         self.backend.reset(rows, width + sampling.max_new_tokens)
-        # every op before the prefill delays the first token: only the penalty needs the ids' history
-        seen = batch.input_ids if sampling.repetition_penalty != 1.0 else None
-        random = torch.Generator(self.backend.device).manual_seed(sampling.seed) if sampling.seed is not None else None
-        logits = self.backend.prefill(batch)[:, -1]
-        token = next_tokens(logits, seen, sampling, random)
-        tokens = self.decode(token, batch.position_ids[:, -1:], sampling, seen, random)
-        yield from self.until_stopped(tokens, sampling)
+        table = None
+        if not sampling.plain_greedy:
+            # every op before the prefill delays the first token: greedy needs no table
+            table = (self.backend.sampling_table() if self.backend.fused_sampling
+                     else SamplingTable.new(rows, self.backend.vocab_size, self.backend.device))
+            table.fill(list(range(rows)), [(sampling, row) for row in range(rows)], prompts)
+        position = batch.position_ids[:, -1:]  # each row's last prompt token's
+        token = self.pick(self.backend.prefill(batch)[:, -1], table, position)
+        yield from self.until_stopped(self.decode(token, position, sampling.max_new_tokens - 1, table), sampling)
 
-    def decode(self, token: torch.Tensor, position: torch.Tensor, sampling: Sampling, seen: torch.Tensor | None,
-               random: torch.Generator | None) -> Iterator[torch.Tensor]:
-        """token [B], the prefill's pick at position [B, 1], then one decode step per further token."""
+    @staticmethod
+    def pick(logits: torch.Tensor, table: SamplingTable | None, position: torch.Tensor) -> torch.Tensor:
+        """Each row's next token from logits [B, V]: the argmax, or drawn by the table (None: plain greedy)."""
+        return logits.argmax(-1) if table is None else sample(logits, table, position)
+
+    def decode(self, token: torch.Tensor, position: torch.Tensor, count: int,
+               table: SamplingTable | None) -> Iterator[torch.Tensor]:
+        """token [B], the prefill's pick after position [B, 1], then `count` decode steps."""
         yield token
-        count = sampling.max_new_tokens - 1
-        if self.backend.fused_greedy and not sampling.do_sample and seen is None:
+        if table is None and self.backend.fused_greedy:
             yield from self.backend.greedy_steps(token, position + 1, count)
             return
+        if table is not None and self.backend.fused_sampling:
+            yield from self.backend.sampled_steps(token, position + 1, count)
+            return
         for _ in range(count):
-            if seen is not None:
-                seen = torch.cat([seen, token[:, None]], 1)
             position = position + 1
-            token = next_tokens(self.backend.decode(token[:, None], position), seen, sampling, random)
+            token = self.pick(self.backend.decode(token[:, None], position), table, position)
             yield token
 
     def until_stopped(self, tokens: Iterator[torch.Tensor], sampling: Sampling) -> Iterator[torch.Tensor]:

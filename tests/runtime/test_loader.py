@@ -34,7 +34,8 @@ def test_the_matrices_come_from_the_registry():
     ("triton", "fp16", CPU, "triton runs on a CUDA GPU .* this run is on the CPU"),
     ("trt", "fp16", CPU, "trt runs on a CUDA GPU"),
     ("torch-compiled", "fp16", CPU, "fp16 PyTorch runs on a GPU only"),
-    ("ort-genai", "fp32", torch.device("cuda"), "ort-genai runs on the CPU only \\(onnxruntime-genai's CPU package.*this run is on the CUDA"),
+    ("ort-genai", "fp32", torch.device("cuda"),
+     "ort-genai runs on the CPU only \\(onnxruntime-genai's CPU package.*this run is on the CUDA"),
 ])
 def test_pairs_that_cannot_run_here_say_why(tmp_path, name, precision, device, message):
     with pytest.raises(BackendUnavailable, match=message):

@@ -1,44 +1,38 @@
-"""Choosing the next token: top-k, top-p, the repetition penalty, seeded sampling."""
+"""What a request may ask of the next-token choice: every value the sampler could not compute with
+is refused here, naming the option."""
 
 import pytest
-import torch
 
 from pipeline.errors import UserError
-from pipeline.runtime.sampling import (
-    Sampling,
-    apply_repetition_penalty,
-    filter_top_k_top_p,
-    next_tokens,
-)
-
-
-def test_top_k_and_top_p_keep_the_right_tokens():
-    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0]])
-    assert torch.isinf(filter_top_k_top_p(logits, 2, 1.0)).tolist() == [[False, False, True, True]]
-    # probabilities ~ [0.64, 0.24, 0.09, 0.03]: top_p 0.7 keeps the two that first reach 0.7
-    assert torch.isinf(filter_top_k_top_p(logits, 0, 0.7)).tolist() == [[False, False, True, True]]
-    assert torch.isinf(filter_top_k_top_p(logits, 0, 0.5)).tolist() == [[False, True, True, True]]
-
-
-def test_repetition_penalty_follows_ctrl():
-    out = apply_repetition_penalty(torch.tensor([[2.0, -2.0, 1.0]]), torch.tensor([[0, 1]]), 2.0)
-    assert out.tolist() == [[1.0, -4.0, 1.0]]
-
-
-def test_seeded_sampling_is_reproducible():
-    logits = torch.randn(4, 100)
-    s = Sampling(do_sample=True, temperature=0.9, top_k=20, top_p=0.9, seed=7)
-    draws = [next_tokens(logits, torch.zeros(4, 1, dtype=torch.long), s, torch.Generator().manual_seed(7)) for _ in range(2)]
-    assert torch.equal(*draws)
+from pipeline.runtime.sampling import Sampling
 
 
 @pytest.mark.parametrize("settings, message", [
     (dict(temperature=float("inf")), "--temperature inf: must be a finite number"),
     (dict(temperature=float("nan"), do_sample=True), "--temperature nan: must be a finite number"),
-    (dict(repetition_penalty=float("nan")), "--repetition-penalty nan: must be a finite number > 0"),
+    (dict(repetition_penalty=float("nan")), r"--repetition-penalty nan: must be in \[0.01, 100\]"),
+    (dict(repetition_penalty=1e-320), r"--repetition-penalty 1e-320: must be in \[0.01, 100\]"),
+    (dict(repetition_penalty=1e308), r"--repetition-penalty 1e\+308: must be in"),
+    (dict(presence_penalty=2.5), r"--presence-penalty 2.5: must be in \[-2, 2\]"),
+    (dict(frequency_penalty=float("-inf")), r"--frequency-penalty -inf: must be in \[-2, 2\]"),
     (dict(top_p=float("nan")), "--top-p nan: must be in"),
+    (dict(top_p=0.0), r"--top-p 0.0: must be in \(0, 1\]"),
+    (dict(top_k=-1), "--top-k -1: must be 0"),
     (dict(seed=2**64), r"--seed 18446744073709551616: must be in \[0, 2\^63\)"),
 ])
 def test_numbers_that_are_not_sane_are_refused_by_option(settings, message):
     with pytest.raises(UserError, match=message):
         Sampling(**settings).check()
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 5e-324, 9e-6])
+def test_a_temperature_too_small_to_divide_by_samples_as_greedy(temperature):
+    s = Sampling(do_sample=True, temperature=temperature)
+    s.check()
+    assert s.greedy and s.plain_greedy
+
+
+def test_penalties_make_a_row_need_the_sampler_even_when_greedy():
+    assert not Sampling(repetition_penalty=1.2).plain_greedy
+    assert not Sampling(presence_penalty=0.5).plain_greedy
+    assert Sampling(temperature=0.5).plain_greedy  # do_sample off: temperature is ignored

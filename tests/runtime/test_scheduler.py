@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from pipeline.runtime import admission, rows
 from pipeline.runtime import scheduler as scheduling
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.sampling import Sampling
@@ -82,18 +83,18 @@ def test_every_job_gets_the_tokens_it_gets_alone(model, monkeypatch, shift, back
     token or length; with a small SHIFT_COLUMNS the rows also move left while they run (with the
     layers' caches apart, and in one buffer). Pipelined (a GPU's way: a step's tokens read while the
     next runs, stops seen a step late) and read first (a CPU's)."""
-    monkeypatch.setattr(scheduling, "SHIFT_COLUMNS", shift)
+    monkeypatch.setattr(rows, "SHIFT_COLUMNS", shift)
     scheduler = ContinuousScheduler(backend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=4)
-    assert (scheduler.batch.layers is not None) == backend.cache_in_one_buffer
+    assert (scheduler.table.batch.layers is not None) == backend.cache_in_one_buffer
     scheduler.overlap = overlap
-    moves, shift_rows = [], scheduler.shift
+    moves, shift_rows = [], scheduler.table.shift
 
     def counted(force):
-        before = scheduler.column
+        before = scheduler.table.column
         shift_rows(force)
-        moves.append(bool(scheduler.rows) and scheduler.column < before)
+        moves.append(bool(scheduler.rows) and scheduler.table.column < before)
 
-    scheduler.shift = counted
+    scheduler.table.shift = counted
     scheduler.warm_up()
     scheduler.start()
     jobs = mixed_jobs(0, 12)
@@ -103,7 +104,7 @@ def test_every_job_gets_the_tokens_it_gets_alone(model, monkeypatch, shift, back
         want = alone(model, prompts, sampling) if len(prompts) == 1 or not sampling.do_sample else None
         if want is not None:
             assert result.rows(sampling.stop_tokens) == want, (prompts, sampling)
-    assert not scheduler.rows and not scheduler.running and scheduler.column == 0
+    assert not scheduler.rows and not scheduler.running and scheduler.table.column == 0
     assert shift == 64 or sum(moves) >= 3  # the rows did move while running
 
 
@@ -185,11 +186,11 @@ def test_jobs_taken_from_the_queue_to_wait_for_rows_start_only_as_they_run_or_ar
     for job in waiting:
         scheduler.submit(job)
     scheduler.admit(wait=False)
-    assert scheduler.inbox.queue.empty() and len(scheduler.deferred) == 2 and started == ["running"]
+    assert scheduler.inbox.queue.empty() and len(scheduler.admission.waiting) == 2 and started == ["running"]
     for job in waiting:
         job.cancelled.set()
     scheduler.admit(wait=False)
-    assert not scheduler.deferred and started == ["running", "waiting", "waiting"]
+    assert not scheduler.admission.waiting and started == ["running", "waiting", "waiting"]
 
 
 def test_jobs_arriving_while_rows_run_gather_and_join_in_one_prefill(model, monkeypatch):
@@ -197,23 +198,24 @@ def test_jobs_arriving_while_rows_run_gather_and_join_in_one_prefill(model, monk
     join in one prefill; JOIN_ROWS waiting prompts join at once; with nothing running a job joins
     at once."""
     scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=32)
-    prefills, run_prefill = [], scheduler.prefill
-    monkeypatch.setattr(scheduler, "prefill", lambda prompts, width: prefills.append(len(prompts)) or run_prefill(prompts, width))
+    prefills, run_prefill = [], scheduler.prefills.run
+    monkeypatch.setattr(scheduler.prefills, "run",
+                        lambda prompts, width: prefills.append(len(prompts)) or run_prefill(prompts, width))
     scheduler.submit(Job([[464]], Sampling(max_new_tokens=100), Collected()))
     scheduler.admit(wait=False)
     assert len(scheduler.rows) == 1 and prefills == [1]
     for _ in range(2):
         scheduler.submit(Job([[818, 262]], Sampling(max_new_tokens=5), Collected()))
-    while scheduler.held < scheduling.JOIN_EVERY:  # steps launched while they gather (greedy chunks)
+    while scheduler.admission.held < admission.JOIN_EVERY:  # steps launched while they gather (greedy chunks)
         scheduler.admit(wait=False)
-        assert len(scheduler.rows) == 1 and len(scheduler.deferred) == 2
+        assert len(scheduler.rows) == 1 and len(scheduler.admission.waiting) == 2
         scheduler.step()
-    assert scheduler.held == scheduling.JOIN_EVERY  # a chunk ends where they are due
+    assert scheduler.admission.held == admission.JOIN_EVERY  # a chunk ends where they are due
     scheduler.admit(wait=False)
-    assert len(scheduler.rows) == 3 and prefills == [1, 2] and not scheduler.deferred
-    scheduler.submit(Job([[818]] * scheduling.JOIN_ROWS, Sampling(max_new_tokens=5), Collected()))
+    assert len(scheduler.rows) == 3 and prefills == [1, 2] and not scheduler.admission.waiting
+    scheduler.submit(Job([[818]] * admission.JOIN_ROWS, Sampling(max_new_tokens=5), Collected()))
     scheduler.admit(wait=False)
-    assert len(scheduler.rows) == 3 + scheduling.JOIN_ROWS and prefills == [1, 2, scheduling.JOIN_ROWS]
+    assert len(scheduler.rows) == 3 + admission.JOIN_ROWS and prefills == [1, 2, admission.JOIN_ROWS]
 
 
 @pytest.mark.parametrize("overlap", [True, False], ids=["pipelined", "read-first"])
@@ -223,8 +225,13 @@ def test_greedy_rows_with_nobody_waiting_run_chunks_on_the_device(model, monkeyp
     chunks = []
     scheduler = ContinuousScheduler(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0, max_rows=4)
     scheduler.overlap = overlap
-    run_chunk = scheduler.greedy_chunk
-    monkeypatch.setattr(scheduler, "greedy_chunk", lambda size, count: chunks.append(count) or run_chunk(size, count))
+    run_chunk = scheduler.backend.steps_in_place
+
+    def counted(count, column, sampled):
+        chunks.append((count, sampled))
+        return run_chunk(count, column, sampled)
+
+    monkeypatch.setattr(scheduler.backend, "steps_in_place", counted)
     scheduler.start()
     prompt = [464, 2068, 7586]
     free = alone(model, [prompt], Sampling(max_new_tokens=21))[0]
@@ -232,7 +239,7 @@ def test_greedy_rows_with_nobody_waiting_run_chunks_on_the_device(model, monkeyp
     results = serve_jobs(scheduler, [([prompt], Sampling(max_new_tokens=21)), ([prompt], stop)], random.Random(0))
     assert results[0].rows(()) == [free]
     assert results[1].rows(stop.stop_tokens) == [free[:free.index(free[10]) + 1]]
-    assert chunks and max(chunks) == scheduling.GREEDY_CHUNK
+    assert chunks and max(chunks) == (scheduling.GREEDY_CHUNK, False)
 
 
 def test_a_failing_prefill_ends_its_jobs_and_the_scheduler_goes_on(model, monkeypatch):
@@ -287,19 +294,20 @@ def test_a_row_that_leaves_frees_its_cache_row_in_place_and_rows_move_only_to_fi
     for (prompts, sampling), result in zip(jobs, results):
         scheduler.submit(Job(prompts, sampling, result))
     scheduler.admit(wait=False)
-    first, second, third, fourth = scheduler.placed
+    first, second, third, fourth = scheduler.table.placed
     while not second.left:
         scheduler.step()
-    assert scheduler.placed == [first, None, third, fourth]
+    assert scheduler.table.placed == [first, None, third, fourth]
     late = ([[11, 464]], Sampling(max_new_tokens=3))
     results.append(Collected())
     scheduler.submit(Job(*late, results[-1]))
-    scheduler.held = scheduling.JOIN_EVERY  # joins at this step rather than gathering
+    scheduler.admission.held = admission.JOIN_EVERY  # joins at this step rather than gathering
     scheduler.admit(wait=False)
-    assert scheduler.placed[0] is first and scheduler.placed[2:] == [third, fourth] and scheduler.placed[1].job.prompts == late[0]
+    placed = scheduler.table.placed
+    assert placed[0] is first and placed[2:] == [third, fourth] and placed[1].job.prompts == late[0]
     while len(scheduler.rows) > 2:
         scheduler.step()
-    assert scheduler.placed == [first, fourth] and fourth.index == 1
+    assert scheduler.table.placed == [first, fourth] and fourth.index == 1
     while scheduler.rows or scheduler.unread:
         scheduler.step()
     assert [r.rows(()) for r in results] == [alone(model, *job) for job in [*jobs, late]]

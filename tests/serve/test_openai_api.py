@@ -117,3 +117,46 @@ def test_bounded_fuzz_on_completions_never_gets_a_5xx(server):
         assert reply.status_code < 500, (body, reply.text)
         if reply.status_code >= 400:
             assert set(reply.json()["error"]) == {"message", "type", "param", "code"}
+
+
+EXTREMES = [0.0, 5e-324, 1e-320, 1e-38, 1e-5, 2.0, 1e308, -1e-38, -2.0, -1e308]
+SAMPLING_FIELDS = ["temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty"]
+
+
+def test_extreme_sampling_values_are_answered_or_refused_and_never_hurt_the_requests_beside_them(exported_run, tmp_path):
+    """A bounded fuzz loop on the continuous scheduler: every sampling field at subnormal, tiny, huge and
+    negative values, each request sent while innocent ones (greedy, and seeded sampled with penalties)
+    run beside it. The odd request gets 200 or a 4xx naming the field, never a 5xx; each innocent
+    request gets the tokens it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.serve.conftest import start_server, stop_server
+
+    _, run, _ = exported_run
+    proc, url = start_server(run, tmp_path / "server.log", "--backend", "torch-compiled", "--precision", "fp32",
+                             "--max-rows", "4")
+    name = run.root.name
+    innocents = [{"model": name, "prompt": "The module", "max_tokens": 10, "temperature": 0, "ignore_eos": True},
+                 {"model": name, "prompt": "Return the", "max_tokens": 10, "temperature": 0.9, "top_p": 0.9, "seed": 7,
+                  "presence_penalty": 0.5, "repetition_penalty": 1.2, "ignore_eos": True}]
+
+    def send(body):
+        reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        return reply.status_code, reply.json()
+
+    try:
+        alone = [send(body) for body in innocents]
+        assert all(status == 200 for status, _ in alone)
+        with ThreadPoolExecutor(3) as pool:
+            for field in SAMPLING_FIELDS:
+                for value in EXTREMES:
+                    odd = {"model": name, "prompt": "Hello", "max_tokens": 3, "temperature": 1.0, field: value}
+                    replies = list(pool.map(send, [odd, *innocents]))
+                    status, body = replies[0]
+                    assert status < 500, (field, value, body)
+                    if status != 200:
+                        assert body["error"]["param"] == field, (field, value, body)
+                    for (status, got), (_, want) in zip(replies[1:], alone):
+                        assert status == 200 and got["choices"][0]["text"] == want["choices"][0]["text"], (field, value)
+    finally:
+        stop_server(proc)

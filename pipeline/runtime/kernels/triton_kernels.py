@@ -314,34 +314,33 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
 
 
 @triton.jit
-def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, row_stride, step_stride, step_ptr, position_ptr,
-                           advance_ptr, start_ptr, slot_mask_ptr, arrivals_ptr, wte_ptr, wpe_ptr, x_ptr, B, T, POSITIONS,
-                           PARTIALS: tl.constexpr, BLOCK: tl.constexpr, C: tl.constexpr, BLOCK_C: tl.constexpr,
-                           EMBED: tl.constexpr, PDL: tl.constexpr):
-    """For one row: the argmax of its logits from the LM head's per-program maxima (the first
-    column on ties, as torch.argmax); it becomes the row's next input token and
-    tokens[row, *step]; the row's position advances by advance[row] and its slot (*start) is marked
-    real for the steps after it (attention counts a query's own slot unmarked). The last
-    row to arrive advances the shared start and step (every row has read them by then).
-    EMBED: also the next step's input x[row] = wte[token] + wpe[position] (fp32, as _embed_kernel),
-    so that the next step starts with its first layer rather than a launch of its own."""
-    row = tl.program_id(0)
-    i = tl.arange(0, BLOCK)
-    # every load first, so that they wait together rather than the scalars' behind the reduction
+def _row_inputs(row, step_ptr, start_ptr, position_ptr, advance_ptr, wpe_ptr, POSITIONS, C: tl.constexpr,
+                BLOCK_C: tl.constexpr, EMBED: tl.constexpr):
+    """What a step's tail (_advance_row) reads that the step does not write, loaded first so that the
+    loads wait together: (step, start, the row's next position, its position embedding, the columns)."""
     step = tl.load(step_ptr)
     start = tl.load(start_ptr)
     position = tl.load(position_ptr + row) + tl.load(advance_ptr + row)
+    c = tl.arange(0, BLOCK_C)
+    e = tl.zeros([BLOCK_C], dtype=tl.float32)
     if EMBED:  # past the last position nothing runs the step: any row in range will do
-        c = tl.arange(0, BLOCK_C)
         e = tl.load(wpe_ptr + tl.minimum(position, POSITIONS - 1) * C + c, mask=c < C, other=0.0).to(tl.float32)
-    if PDL:
-        gdc_wait()
-    best = tl.load(best_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=float("-inf"))
-    column = tl.load(best_index_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=0)
-    token = tl.sum(tl.where(i == tl.argmax(best, 0, tie_break_left=True), column, 0), 0).to(tl.int64)
+    return step, start, position, e, c
+
+
+@triton.jit
+def _advance_row(row, token, step, start, position, e, c, token_ptr, tokens_ptr, row_stride, step_stride, step_ptr,
+                 position_ptr, start_ptr, slot_mask_ptr, arrivals_ptr, wte_ptr, x_ptr, B, T, C: tl.constexpr,
+                 EMBED: tl.constexpr):
+    """A step's tail for one row once its token is picked: the token becomes the row's next input and
+    tokens[row, step]; the row's position advances and its slot (start) is marked real for the steps
+    after it (attention counts a query's own slot unmarked). The last row to arrive advances the
+    shared start and step (every row has read them by then). EMBED: also the next step's input
+    x[row] = wte[token] + wpe[position] (fp32, as _embed_kernel), so that the next step starts with
+    its first layer rather than a launch of its own; x's last reader, the LM head, has completed."""
     tl.store(token_ptr + row, token)
     tl.store(tokens_ptr + row * row_stride + step * step_stride, token)
-    if EMBED:  # x's last reader, the LM head, has completed: the wait above saw to that
+    if EMBED:
         e += tl.load(wte_ptr + token * C + c, mask=c < C, other=0.0).to(tl.float32)
         tl.store(x_ptr + row * C + c, e, mask=c < C)
     tl.store(position_ptr + row, position)
@@ -350,6 +349,26 @@ def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, row_
         tl.store(start_ptr, start + 1)
         tl.store(step_ptr, step + 1)
         tl.store(arrivals_ptr, 0)
+
+
+@triton.jit
+def _greedy_advance_kernel(best_ptr, best_index_ptr, token_ptr, tokens_ptr, row_stride, step_stride, step_ptr, position_ptr,
+                           advance_ptr, start_ptr, slot_mask_ptr, arrivals_ptr, wte_ptr, wpe_ptr, x_ptr, B, T, POSITIONS,
+                           PARTIALS: tl.constexpr, BLOCK: tl.constexpr, C: tl.constexpr, BLOCK_C: tl.constexpr,
+                           EMBED: tl.constexpr, PDL: tl.constexpr):
+    """For one row: the argmax of its logits from the LM head's per-program maxima (the first
+    column on ties, as torch.argmax), then the step's tail (_advance_row)."""
+    row = tl.program_id(0)
+    i = tl.arange(0, BLOCK)
+    step, start, position, e, c = _row_inputs(row, step_ptr, start_ptr, position_ptr, advance_ptr, wpe_ptr, POSITIONS,
+                                              C, BLOCK_C, EMBED)
+    if PDL:
+        gdc_wait()
+    best = tl.load(best_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=float("-inf"))
+    column = tl.load(best_index_ptr + row * PARTIALS + i, mask=i < PARTIALS, other=0)
+    token = tl.sum(tl.where(i == tl.argmax(best, 0, tie_break_left=True), column, 0), 0).to(tl.int64)
+    _advance_row(row, token, step, start, position, e, c, token_ptr, tokens_ptr, row_stride, step_stride, step_ptr,
+                 position_ptr, start_ptr, slot_mask_ptr, arrivals_ptr, wte_ptr, x_ptr, B, T, C, EMBED)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 preallocated KV cache per (batch, cache length), prefill through StaticGPT2, and on a GPU the
 steps replayed from CUDA graphs: the decode step captured once per cache, the prefill once per
 prompt shape, and for plain greedy decoding a step that also takes the argmax and advances its own
-inputs, so a token costs one replay and no host work. A subclass says only how one decode step is
-computed (and may do the greedy tail its own way).
+inputs, so a token costs one replay and no host work; a sampled step likewise, its tokens drawn on the
+device by each row's settings in the slot's SamplingTable (pipeline.runtime.sampler). A subclass says
+only how one decode step is computed (and may do a step's tail its own way).
 
 Cache lengths are rounded up (CACHE_ROUNDING) so that requests of similar length share one cache
 and its graphs; a decode step that reads only the filled part of the cache pays nothing for that."""
@@ -21,6 +22,7 @@ from pipeline.precisions import torch_dtype
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.batch import Batch
 from pipeline.runtime.kernels.torch_ops import TorchOps
+from pipeline.runtime.sampler import SamplingTable, sample
 from pipeline.runtime.static.static_gpt2 import StaticGPT2
 
 CACHE_ROUNDING = 256
@@ -39,12 +41,13 @@ class CacheSlot:
     advance: torch.Tensor  # [B, 1] how far a greedy step moves each position: 1 (the serving scheduler's free rows 0)
     first: torch.Tensor  # [B] int64: each row's first filled slot (0 but in the serving scheduler's wide cache)
     start: torch.Tensor  # scalar int64: the slot the next decode step writes (a prefill takes its start from the host)
-    step: torch.Tensor  # [1] int64: greedy_steps' column in greedy_tokens
-    greedy_tokens: torch.Tensor  # [B, T] int64: what greedy_steps yields, one column per step, each contiguous
+    step: torch.Tensor  # [1] int64: a fused step's column in greedy_tokens
+    greedy_tokens: torch.Tensor  # [B, T] int64: what fused steps yield, one column per step, each contiguous
+    sampling: SamplingTable  # each row's sampling settings and history, what a sampled step reads
     scratch: dict[str, torch.Tensor] = field(default_factory=dict)  # a subclass's own buffers
     decode: tuple[torch.cuda.CUDAGraph, torch.Tensor] | None = None  # graph, its logits [B, V] fp32
-    greedy: torch.cuda.CUDAGraph | None = None  # greedy_step, captured
-    first_greedy: torch.cuda.CUDAGraph | None = None  # prepare_greedy and greedy_step, captured
+    # fused steps captured, by (sampled, first): the first of a run also prepares it (prepare_steps)
+    steps: dict[tuple[bool, bool], torch.cuda.CUDAGraph] = field(default_factory=dict)
     prefill: OrderedDict = field(default_factory=OrderedDict)  # (seq, causal) -> PrefillGraph
 
 
@@ -65,6 +68,23 @@ class PrefillGraph:
         self.copied.synchronize()
         self.staged.copy_(batch.host)
 
+    @classmethod
+    def captured(cls, batch: Batch, prefill: Callable, device: torch.device, pool) -> PrefillGraph:
+        """prefill(ids, mask, positions) captured for the batch's shape, its inputs copied in from `staged`."""
+        entry = cls(torch.empty(batch.host.shape, dtype=torch.long, pin_memory=True),
+                    torch.empty(batch.host.shape, dtype=torch.long, device=device), torch.cuda.Event())
+        entry.stage(batch)  # the capture's warm-up runs read them
+        entry.graph, entry.logits = capture(lambda: prefill(*entry.sent.copy_(entry.staged, non_blocking=True).unbind(0)),
+                                            device, pool)  # the first node: the batch in from the host
+        return entry
+
+    def replay(self, batch: Batch) -> torch.Tensor:
+        """The graph run on this batch, staged first -> its logits buffer."""
+        self.stage(batch)
+        self.graph.replay()
+        self.copied.record()
+        return self.logits
+
 
 def capture(fn: Callable[[], torch.Tensor], device: torch.device, pool=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """Warm fn up on a side stream, then record it into a CUDA graph (its memory from `pool`, shared
@@ -84,6 +104,7 @@ def capture(fn: Callable[[], torch.Tensor], device: torch.device, pool=None) -> 
 
 class StaticCacheBackend(Backend):
     fused_greedy = True  # greedy_steps: one graph replay a token
+    fused_sampling = True  # sampled_steps likewise
     fold_layer_norms = False  # StaticGPT2's option: for kernels that fuse each norm into the product after it
     # every layer's cache in one buffer (CacheSlot.layers): the serving scheduler copies rows of all layers
     # in one launch; not for torch.compile, which copies a whole base buffer where a step writes a view
@@ -117,14 +138,25 @@ class StaticCacheBackend(Backend):
             marks = torch.zeros(batch, length, dtype=torch.bool, device=self.device)
             inputs = (torch.zeros(batch, 1, **long), torch.zeros(batch, 1, **long), torch.ones(batch, 1, **long),
                       torch.zeros(batch, **long))
+            sampling = SamplingTable.new(batch, self.vocab_size, self.device)
         else:
             cache, marks = [t[:batch] for t in rows_of.cache], rows_of.slot_mask[:batch]
             layers = rows_of.layers[:, :batch] if rows_of.layers is not None else None
             inputs = rows_of.token[:batch], rows_of.position[:batch], rows_of.advance[:batch], rows_of.first[:batch]
+            sampling = rows_of.sampling.first(batch)
         # a step's tokens contiguous: the serving scheduler copies each step's to the host as it completes,
         # and a column of a row-major buffer took a gather kernel before every copy
         steps = torch.zeros(length, batch, **long).t()
-        return CacheSlot(cache, layers, marks, *inputs, torch.zeros((), **long), torch.zeros(1, **long), steps)
+        return CacheSlot(cache, layers, marks, *inputs, torch.zeros((), **long), torch.zeros(1, **long), steps, sampling)
+
+    def bind(self, slot: CacheSlot, filled: int) -> None:
+        """Run on `slot` from here on, its cache filled up to slot `filled` (the next step writes there): how
+        the serving scheduler moves the backend between its row buckets."""
+        self.slot, self.length = slot, filled
+
+    def sampling_table(self) -> SamplingTable:
+        """The current slot's sampling settings: what sampled_steps reads, filled before they run."""
+        return self.slot.sampling
 
     def reset(self, batch: int, max_len: int) -> None:
         length = min(-(-max_len // CACHE_ROUNDING) * CACHE_ROUNDING, max(self.n_positions, max_len))
@@ -144,36 +176,51 @@ class StaticCacheBackend(Backend):
         """One greedy step that feeds the next: s.token at s.position into slot s.start, its argmax
         into s.greedy_tokens[:, s.step] and s.token; the slot is marked real in s.slot_mask, position
         advances by s.advance, slot and step by one."""
-        token = self.marked_decode_step(s).argmax(-1, keepdim=True)
+        self.advance_inputs(s, self.marked_decode_step(s).argmax(-1, keepdim=True))
+
+    def sampled_step(self, s: CacheSlot) -> None:
+        """greedy_step with each row's token drawn by its settings in s.sampling (greedy rows: the argmax)."""
+        self.advance_inputs(s, sample(self.marked_decode_step(s), s.sampling, s.position)[:, None])
+
+    def advance_inputs(self, s: CacheSlot, token: torch.Tensor) -> None:
+        """A fused step's tail: token [B, 1] into s.greedy_tokens[:, s.step] and s.token, every counter on."""
         s.greedy_tokens.index_copy_(1, s.step, token)
         s.token.copy_(token)
         s.position.add_(s.advance)
         for counter in (s.start, s.step):
             counter.add_(1)
 
-    def prepare_greedy(self, s: CacheSlot) -> None:
-        """Whatever greedy_step reads besides s.token/position/start/step, made from them before the first step."""
+    def prepare_steps(self, s: CacheSlot) -> None:
+        """Whatever a fused step reads besides s.token/position/start/step, made from them before the first step."""
 
-    def first_greedy_step(self, s: CacheSlot) -> None:
-        """The first of greedy_steps' steps: prepare_greedy, then greedy_step."""
-        self.prepare_greedy(s)
-        self.greedy_step(s)
+    def fused_step(self, s: CacheSlot, sampled: bool, first: bool) -> None:
+        if first:
+            self.prepare_steps(s)
+        (self.sampled_step if sampled else self.greedy_step)(s)
 
     @torch.inference_mode()
     def greedy_steps(self, token: torch.Tensor, position: torch.Tensor, count: int) -> Iterator[torch.Tensor]:
         """As Backend.greedy_steps. On a GPU a step is one replay of a graph that also takes the argmax
         and advances the inputs, where decode() needs small launches around its replay."""
-        self.slot.token.copy_(token[:, None])
-        self.slot.position.copy_(position)
-        return self.greedy_in_place(count)
+        return self.start_steps(token, position, count, sampled=False)
 
     @torch.inference_mode()
-    def greedy_in_place(self, count: int, column: int = 0) -> Iterator[torch.Tensor]:
-        """greedy_steps from the inputs the slot holds (s.token, s.position), where the serving scheduler
-        keeps them between steps, their tokens into s.greedy_tokens from `column` on. On a GPU the first
-        step is a graph of its own that also prepares the steps (prepare_greedy): with that launch outside
-        a graph a greedy launch cost the serving scheduler 368 us of host time against 100 for a decode
-        step (docs/performance.md)."""
+    def sampled_steps(self, token: torch.Tensor, position: torch.Tensor, count: int) -> Iterator[torch.Tensor]:
+        """greedy_steps drawing each row's token by the settings filled into sampling_table()."""
+        return self.start_steps(token, position, count, sampled=True)
+
+    def start_steps(self, token: torch.Tensor, position: torch.Tensor, count: int, sampled: bool) -> Iterator[torch.Tensor]:
+        self.slot.token.copy_(token[:, None])
+        self.slot.position.copy_(position)
+        return self.steps_in_place(count, sampled=sampled)
+
+    @torch.inference_mode()
+    def steps_in_place(self, count: int, column: int = 0, sampled: bool = False) -> Iterator[torch.Tensor]:
+        """Fused steps (greedy, or sampled) from the inputs the slot holds (s.token, s.position), where the
+        serving scheduler keeps them between steps, their tokens into s.greedy_tokens from `column` on.
+        On a GPU the first step is a graph of its own that also prepares the steps (prepare_steps): with
+        that launch outside a graph a greedy launch cost the serving scheduler 368 us of host time
+        against 100 for a decode step (docs/performance.md)."""
         s = self.slot
 
         def set_counters() -> None:
@@ -181,18 +228,19 @@ class StaticCacheBackend(Backend):
             s.step.fill_(column)
 
         set_counters()
-        if self.cuda_graphs and s.greedy is None:
-            inputs = s.token.clone(), s.position.clone()
-            s.first_greedy = capture(lambda: self.first_greedy_step(s), self.device)[0]
-            s.greedy = capture(lambda: self.greedy_step(s), self.device)[0]
-            s.token.copy_(inputs[0])  # capture's warm-up ran steps from them
-            s.position.copy_(inputs[1])
+        if self.cuda_graphs and (sampled, False) not in s.steps:
+            # the warm-up runs steps from the inputs, and draws count the picks of penalised rows
+            saved = s.token.clone(), s.position.clone(), s.sampling.counts.clone()
+            for first in (True, False):
+                s.steps[sampled, first] = capture(lambda first=first: self.fused_step(s, sampled, first), self.device)[0]
+            for t, kept in zip((s.token, s.position, s.sampling.counts), saved):
+                t.copy_(kept)
             set_counters()
         for i in range(count):
             if self.cuda_graphs:
-                (s.greedy if i else s.first_greedy).replay()
+                s.steps[sampled, i == 0].replay()
             else:
-                (self.greedy_step if i else self.first_greedy_step)(s)
+                self.fused_step(s, sampled, i == 0)
             self.length += 1
             yield s.greedy_tokens[:, column + i]
 
@@ -242,27 +290,15 @@ class StaticCacheBackend(Backend):
 
     def replay_prefill(self, prefill: Callable, batch: Batch, causal: bool) -> torch.Tensor:
         """prefill(ids, positions) replayed from the slot's CUDA graph for the batch's shape (seq, causal),
-        captured on first use; the graph copies the batch from the host and marks its slots. Returns the
+        captured on first use (the least recently used of PREFILL_GRAPHS shapes goes). Returns the
         graph's logits buffer."""
-        s, shape = self.slot, (batch.host.shape[2], causal)
-        entry = s.prefill.get(shape)
-        if entry is None:
-            entry = PrefillGraph(torch.empty(batch.host.shape, dtype=torch.long, pin_memory=True),
-                                 torch.empty(batch.host.shape, dtype=torch.long, device=self.device), torch.cuda.Event())
-            entry.stage(batch)  # the capture's warm-up runs read them
-
-            def run() -> torch.Tensor:
-                ids, mask, positions = entry.sent.copy_(entry.staged, non_blocking=True).unbind(0)
+        graphs, shape = self.slot.prefill, (batch.host.shape[2], causal)
+        if shape not in graphs:
+            def run(ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
                 self.mark_slots(mask, 0)
                 return prefill(ids, positions)
-
-            entry.graph, entry.logits = capture(run, self.device, self.prefill_pool)
-            s.prefill[shape] = entry
-            if len(s.prefill) > PREFILL_GRAPHS:
-                s.prefill.popitem(last=False)
-        else:
-            entry.stage(batch)
-        s.prefill.move_to_end(shape)
-        entry.graph.replay()
-        entry.copied.record()
-        return entry.logits
+            graphs[shape] = PrefillGraph.captured(batch, run, self.device, self.prefill_pool)
+            if len(graphs) > PREFILL_GRAPHS:
+                graphs.popitem(last=False)
+        graphs.move_to_end(shape)
+        return graphs[shape].replay(batch)

@@ -2,7 +2,8 @@
 its elementwise work fused (prefill_kernels); each decode step is five Triton kernels per layer
 (triton_kernels) captured into one CUDA graph, with attention that reads only the filled part of
 the cache; a greedy step adds one launch that picks the token from the LM head's per-program
-maxima, advances the step's inputs and embeds the next step's token."""
+maxima, advances the step's inputs and embeds the next step's token; a sampled step, one that draws
+each row's token from the logits by its settings (sampling_kernels) and does the same."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.kernels.prefill_kernels import TritonOps
+from pipeline.runtime.kernels.sampling_kernels import sample_rows
 from pipeline.runtime.kernels.triton_kernels import (
     argmax_partials,
     attention_config,
@@ -76,8 +78,8 @@ class TritonBackend(StaticCacheBackend):
         different slots: each row's attention reads from its first (docs/performance.md)."""
         return length > self.n_positions
 
-    def prepare_greedy(self, s: CacheSlot) -> None:
-        """The first greedy step's input; greedy_advance writes each later step's."""
+    def prepare_steps(self, s: CacheSlot) -> None:
+        """The first fused step's input; greedy_advance and the sampler's advance write each later step's."""
         embed(s.token, s.position, self.net.wte, self.net.wpe, s.scratch["x"])
 
     def greedy_step(self, s: CacheSlot) -> None:
@@ -88,6 +90,15 @@ class TritonBackend(StaticCacheBackend):
         self.decode_step(s, argmax=(b["best"], b["best_index"]), embedded=True)
         greedy_advance(b["best"], b["best_index"], s.token, s.greedy_tokens, s.step, s.position, s.advance, s.start,
                        s.slot_mask, b["arrivals"], embedding=(net.wte, net.wpe, b["x"]), pdl=self.pdl_capable)
+
+    def sampled_step(self, s: CacheSlot) -> None:
+        """As StaticCacheBackend.sampled_step, in one launch after the step's: the sampler draws each
+        row's token from the logits and does greedy_advance's work."""
+        net, b = self.net, s.scratch
+        logits = self.decode_step(s, embedded=True)
+        sample_rows(logits, s.sampling, s.position, advance=dict(
+            token=s.token, tokens=s.greedy_tokens, step=s.step, advance=s.advance, start=s.start, slot_mask=s.slot_mask,
+            arrivals=b["arrivals"], wte=net.wte, wpe=net.wpe, x=b["x"]))
 
     def decode_step(self, s: CacheSlot, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
                     embedded: bool = False) -> torch.Tensor | None:

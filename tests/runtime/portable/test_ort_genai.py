@@ -55,5 +55,6 @@ def test_a_missing_or_broken_genai_config_is_one_line_naming_the_folder(exported
     run = copy_run(run, tmp_path / "run")
     path = run.onnx("fp32", ORT) / CONFIG_FILE
     path.unlink() if config is None else path.write_text(config)
-    with pytest.raises(UserError, match=f"^{re.escape(str(path.parent))}: onnxruntime-genai cannot load it .*rerun `gpt2-deploy export --force`$"):
+    message = f"^{re.escape(str(path.parent))}: onnxruntime-genai cannot load it .*rerun `gpt2-deploy export --force`$"
+    with pytest.raises(UserError, match=message):
         open_backend(run, "ort-genai", "fp32", CPU)

@@ -60,6 +60,19 @@ def test_greedy_generation_matches(model):
     assert Generator(TritonBackend(model, "fp32", "cpu"), pad_id=0).generate(PROMPTS, s) == reference
 
 
+@pytest.mark.parametrize("s", [
+    Sampling(max_new_tokens=6, do_sample=True, temperature=0.9, top_p=0.9, seed=5),
+    Sampling(max_new_tokens=6, do_sample=True, temperature=1.1, top_k=20, repetition_penalty=1.3,
+             frequency_penalty=0.4, seed=6),
+    Sampling(max_new_tokens=6, presence_penalty=1.5),
+], ids=["top_p", "top_k-penalties", "greedy-penalised"])
+def test_sampled_generation_matches(model, s):
+    """The sampled step's one launch after the step (the sampler with the greedy step's tail) draws what
+    the torch sampler draws from the reference's logits."""
+    reference = Generator(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0).generate(PROMPTS, s)
+    assert Generator(TritonBackend(model, "fp32", "cpu"), pad_id=0).generate(PROMPTS, s) == reference
+
+
 def test_a_head_size_the_kernels_cannot_hold_is_refused():
     odd = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=48, n_positions=32, vocab_size=64))
     with pytest.raises(BackendUnavailable, match="power-of-two head size; this model's is 24"):
@@ -194,7 +207,8 @@ def test_greedy_advance_takes_the_first_largest_column_and_moves_the_inputs_on(b
     token, position = torch.zeros(3, 1, dtype=torch.long), torch.tensor([[4], [2], [7]])
     tokens = torch.zeros(4, 3, dtype=torch.long).t()  # [rows, steps], each step's column contiguous (new_slot)
     advance = torch.tensor([[1], [0], [1]])
-    step, start, slot_mask, arrivals = torch.tensor([2]), torch.tensor(5), torch.zeros(3, 8, dtype=torch.bool), torch.zeros(1, dtype=torch.int32)
+    step, start = torch.tensor([2]), torch.tensor(5)
+    slot_mask, arrivals = torch.zeros(3, 8, dtype=torch.bool), torch.zeros(1, dtype=torch.int32)
     wpe, embedded = torch.randn(8, 32), torch.zeros(3, 32)  # 8 positions: row 2's next (8) is past the last
     greedy_advance(best, best_index, token, tokens, step, position, advance, start, slot_mask, arrivals,
                    embedding=(w, wpe, embedded))
@@ -267,12 +281,13 @@ def test_the_serving_scheduler_on_these_kernels_gives_every_job_its_tokens_alone
     holds: its advance is 0) and leave at their lengths, the rows shifting left as they go (each row's
     attention reads from its first filled slot); each gets the tokens it gets alone. Driven step by
     step (no thread)."""
+    from pipeline.runtime import admission, rows
     from pipeline.runtime import scheduler as scheduling
     torch.manual_seed(0)  # weights large enough that the picks change with what is attended (small ones repeat a token)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=512,
                                        initializer_range=0.3)).eval()
-    monkeypatch.setattr(scheduling, "JOIN_EVERY", 2)  # the third job joins while the second runs
-    monkeypatch.setattr(scheduling, "SHIFT_COLUMNS", 2)  # the rows move left while they run, their first slots too
+    monkeypatch.setattr(admission, "JOIN_EVERY", 2)  # the third job joins while the second runs
+    monkeypatch.setattr(rows, "SHIFT_COLUMNS", 2)  # the rows move left while they run, their first slots too
     scheduler = scheduling.ContinuousScheduler(TritonBackend(model, "fp32", "cpu"), pad_id=0, max_rows=2)
     jobs = [([PROMPTS[i]], Sampling(max_new_tokens=n)) for i, n in enumerate([2, 6, 3])]
     steps = [[] for _ in jobs]
@@ -289,12 +304,13 @@ def test_a_row_that_joined_at_a_late_column_reads_its_own_slots_after_the_rows_s
     """A short prompt joins while a long one runs, so its first slot lies blocks into the cache; once
     the long one leaves, the rows shift left by that much, and the row's attention must follow its
     first slot there (a stale one would skip the blocks that now hold its prompt)."""
+    from pipeline.runtime import admission, rows
     from pipeline.runtime import scheduler as scheduling
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=128, vocab_size=512,
                                        initializer_range=0.3)).eval()
-    monkeypatch.setattr(scheduling, "JOIN_EVERY", 1)
-    monkeypatch.setattr(scheduling, "SHIFT_COLUMNS", 2)
+    monkeypatch.setattr(admission, "JOIN_EVERY", 1)
+    monkeypatch.setattr(rows, "SHIFT_COLUMNS", 2)
     scheduler = scheduling.ContinuousScheduler(TritonBackend(model, "fp32", "cpu"), pad_id=0, max_rows=2)
     jobs = [([list(range(1, 45))], Sampling(max_new_tokens=12)), ([list(range(5, 13))], Sampling(max_new_tokens=24))]
     steps, firsts = [[], []], []

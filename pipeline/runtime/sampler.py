@@ -1,0 +1,223 @@
+"""The next token of many rows at once, on the device, each row by its own settings: one pass of
+batched work over the step's logits, no host round trip, so a step that samples can be captured in a
+CUDA graph like a greedy one.
+
+Each row's settings live in a SamplingTable (tensors of per-row parameters at fixed addresses, and
+the counts of the tokens each row has produced, for the penalties). The choice, for one row:
+  1. penalties: the repetition penalty (CTRL's rule) on tokens of the prompt and the output, then
+     the frequency and presence penalties (OpenAI's) on tokens of the output;
+  2. greedy (temperature 0): the argmax, the first on ties, as torch.argmax;
+  3. sampled: p = softmax(logits / temperature), restricted to the tokens that are both in the top k
+     and in the top-p nucleus of p (the smallest set of the likeliest tokens whose mass reaches
+     top_p). No sort: a token x is drawn from p over the tokens above a pivot by the inverse CDF in
+     vocabulary order, and kept if fewer than k tokens are likelier and their mass is below top_p;
+     else the pivot rises to x and another is drawn. Every token at or below a rejected one is out
+     of the set too, so what is kept is distributed exactly as p restricted to the set (rejection
+     sampling), in a round or two for the settings users send (FlashInfer's sampling kernels work
+     the same way).
+The uniform numbers come from Philox4x32-10 keyed by the request's seed, counting (position of the
+token, the prompt's index in its request, round): a seeded request draws the same numbers alone or
+in any batch. `sample` runs a Triton kernel on a GPU (kernels/sampling_kernels.py, the same
+arithmetic) and torch elsewhere."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.runtime.batch import send
+from pipeline.runtime.sampling import Sampling
+
+ROUNDS = 32  # draws a row may take; past them it takes its argmax (always in the kept set)
+BLOCK = 2048  # the vocabulary is walked in blocks: each block's maximum and mass first, then one block's CDF
+# the table's columns
+FLOATS = ("temperature", "top_p", "repetition", "presence", "frequency")
+INTS = ("top_k", "seed", "stream", "penalized")
+
+MASK32 = 0xFFFFFFFF
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+
+
+@dataclass
+class SamplingTable:
+    """Per-row sampling settings on the device. floats [R, 5] f32 (FLOATS: temperature 0 for greedy),
+    ints [R, 4] int64 (INTS: top_k 0 for off, seed, stream = the prompt's index in its request,
+    penalized 0/1), counts [R, V] int32 (how often each token was picked), prompt [R, V] bool (which
+    tokens the prompt holds). A row's counts and prompt marks are read only where it is penalized.
+    partials [R, blocks, 3] f32 and arrivals [R] int32 (zero between launches): the kernel's scratch,
+    each block's maximum, mass and argmax, merged by the row's last program to arrive."""
+    floats: torch.Tensor
+    ints: torch.Tensor
+    counts: torch.Tensor
+    prompt: torch.Tensor
+    partials: torch.Tensor
+    arrivals: torch.Tensor
+
+    @classmethod
+    def new(cls, rows: int, vocab: int, device: torch.device) -> SamplingTable:
+        return cls(torch.zeros(rows, len(FLOATS), device=device), torch.zeros(rows, len(INTS), dtype=torch.long, device=device),
+                   torch.zeros(rows, vocab, dtype=torch.int32, device=device),
+                   torch.zeros(rows, vocab, dtype=torch.bool, device=device),
+                   torch.zeros(rows, -(-vocab // BLOCK), 3, device=device), torch.zeros(rows, dtype=torch.int32, device=device))
+
+    def first(self, rows: int) -> SamplingTable:
+        """The first `rows` rows, as views (a row-count bucket of a larger batch)."""
+        return SamplingTable(self.floats[:rows], self.ints[:rows], self.counts[:rows], self.prompt[:rows],
+                             self.partials[:rows], self.arrivals[:rows])
+
+    def fill(self, rows: list[int], settings: list[tuple[Sampling, int]], prompts) -> None:
+        """Rows `rows` take settings [(sampling, stream)] and, where penalised, their prompt's marks
+        (prompts[i]: row i's ids) and zero counts: two copies to the device, whatever the count. An
+        unseeded request draws a seed here; its prompts share it."""
+        seeds, floats, ints = {}, [], []
+        for row, (s, stream) in zip(rows, settings):
+            if s.seed is None and id(s) not in seeds:
+                seeds[id(s)] = random.getrandbits(63)
+            floats.append([0.0 if s.greedy else s.temperature, s.top_p, s.repetition_penalty, s.presence_penalty,
+                           s.frequency_penalty])
+            ints.append([row, s.top_k, s.seed if s.seed is not None else seeds[id(s)], stream, int(s.penalized)])
+        device = self.floats.device
+        ints_in = send(torch.tensor(ints, dtype=torch.long), device)
+        where = ints_in[:, 0]
+        self.floats.index_copy_(0, where, send(torch.tensor(floats, dtype=torch.float32), device))
+        self.ints.index_copy_(0, where, ints_in[:, 1:])
+        marked = [i for i, (s, _) in enumerate(settings) if s.penalized]
+        if marked:
+            penalized = send(torch.tensor([rows[i] for i in marked]), device)
+            self.counts.index_fill_(0, penalized, 0)
+            self.prompt.index_fill_(0, penalized, False)
+            pairs = send(torch.tensor([[rows[i], int(t)] for i in marked for t in prompts[i]]), device)
+            self.prompt[pairs[:, 0], pairs[:, 1]] = True
+
+    def move(self, to: int, frm: int) -> None:
+        """Row `frm`'s settings and history into row `to` (the serving scheduler's compaction)."""
+        for t in (self.floats, self.ints, self.counts, self.prompt):
+            t[to].copy_(t[frm])
+
+
+def philox(key: tuple[torch.Tensor, torch.Tensor], counter: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Philox4x32-10 (Salmon et al., Random123): key 2 x uint32, counter 4 x uint32, each as int64 tensors
+    holding values below 2^32 -> the first of its four output words. Products of 32-bit words are taken
+    in 16-bit halves so that no int64 overflows."""
+    k0, k1 = key
+    c0, c1, c2, c3 = counter
+    for _ in range(10):
+        hi0, lo0 = _mulhilo(PHILOX_M[0], c0)
+        hi1, lo1 = _mulhilo(PHILOX_M[1], c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = (k0 + PHILOX_W[0]) & MASK32, (k1 + PHILOX_W[1]) & MASK32
+    return c0
+
+
+def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit words of a * b for a constant and b below 2^32."""
+    x, y = b * (a >> 16), b * (a & 0xFFFF)  # each below 2^48
+    return (x + (y >> 16)) >> 16, (((x & 0xFFFF) << 16) + y) & MASK32
+
+
+def uniform(seed: torch.Tensor, position: torch.Tensor, stream: torch.Tensor, draw: int) -> torch.Tensor:
+    """A number in (0, 1) for each row [n] f32: the top 24 bits of Philox(seed; position, stream, draw, 0)."""
+    word = philox((seed & MASK32, (seed >> 32) & MASK32),
+                  (position & MASK32, stream & MASK32, torch.full_like(position, draw), torch.zeros_like(position)))
+    return ((word >> 8).float() + 0.5) * 2.0 ** -24
+
+
+def sample(logits: torch.Tensor, table: SamplingTable, positions: torch.Tensor, rows: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """The next token of each row of logits [n, V] (fp32) -> [n] int64 (into `out` when given): row i
+    by table row rows[i] (i without rows), drawing at positions[i] + 1 (positions [n] or [n, 1]: the
+    position of each row's last token). Counts each penalised row's pick. On a GPU one Triton launch."""
+    positions = positions.reshape(-1)
+    if logits.is_cuda:
+        from pipeline.runtime.kernels.sampling_kernels import sample_rows
+        return sample_rows(logits, table, positions, rows, out)
+    token = sample_reference(logits, table, positions, rows)
+    if out is not None:
+        out.copy_(token)
+        token = out
+    return token
+
+
+def sample_reference(logits: torch.Tensor, table: SamplingTable, positions: torch.Tensor,
+                     rows: torch.Tensor | None = None) -> torch.Tensor:
+    """`sample` in torch ops, row by row alike (a CPU's, and the kernel's reference)."""
+    index = rows if rows is not None else torch.arange(len(logits), device=logits.device)
+    floats, ints = table.floats[index], table.ints[index]
+    temperature, top_p, repetition, presence, frequency = floats.unbind(1)
+    top_k, seed, stream, penalized = ints.unbind(1)
+    scores = penalize(logits.float(), table.counts[index], table.prompt[index], repetition, presence, frequency,
+                      penalized.bool())
+    token = scores.argmax(-1)
+    sampled = temperature > 0
+    if bool(sampled.any()):
+        token = torch.where(sampled, draw(scores, temperature, top_k, top_p, seed, stream, positions.reshape(-1) + 1), token)
+    picked = penalized.bool()
+    if bool(picked.any()):
+        table.counts.index_put_((index[picked], token[picked]), torch.ones_like(token[picked], dtype=torch.int32),
+                                accumulate=True)
+    return token
+
+
+def penalize(logits: torch.Tensor, counts: torch.Tensor, prompt: torch.Tensor, repetition: torch.Tensor,
+             presence: torch.Tensor, frequency: torch.Tensor, penalized: torch.Tensor) -> torch.Tensor:
+    """logits [n, V] with each penalised row's penalties applied (module docstring, step 1)."""
+    seen = (counts > 0) | prompt
+    rep = repetition[:, None]
+    out = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    out = out - frequency[:, None] * counts - presence[:, None] * (counts > 0)
+    return torch.where(penalized[:, None], out, logits)
+
+
+def draw(scores: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, seed: torch.Tensor,
+         stream: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """A token drawn for each row from softmax(scores / temperature) within its top-k and top-p set, by
+    the rejection rounds of the module docstring -> [n] (rows of temperature 0 give anything). The
+    vocabulary is taken in blocks of BLOCK, as the kernel takes it: a draw finds its block from the
+    blocks' masses, then its token by that block's CDF."""
+    n, vocab = scores.shape
+    size = min(BLOCK, vocab)  # a vocabulary within one block is that block (its padding adds nothing)
+    blocks = -(-vocab // size)
+    inverse = torch.where(temperature > 0, 1.0 / temperature, torch.ones_like(temperature))
+    s = torch.nn.functional.pad(scores * inverse[:, None], (0, blocks * size - vocab), value=float("-inf"))
+    s = s.view(n, blocks, size)  # [n, blocks, size]
+    block_top = s.max(-1).values
+    top = block_top.max(-1).values
+    block_mass = torch.exp(s - block_top[..., None]).sum(-1) * torch.exp(block_top - top[:, None])
+    total = block_mass.sum(-1)
+    weights = torch.exp(s - top[:, None, None])
+    filtered = (top_k > 0) | (top_p < 1)
+    rows, columns = torch.arange(n, device=scores.device), torch.arange(size, device=scores.device)
+    pivot = torch.full((n,), float("-inf"), device=scores.device)
+    token = torch.zeros(n, dtype=torch.long, device=scores.device)
+    done = temperature <= 0  # greedy rows: their argmax is taken apart
+    for round_ in range(ROUNDS):
+        kept = s > pivot[:, None, None]
+        if round_ > 0:
+            block_mass = torch.where(kept, weights, 0.0).sum(-1)
+        mass = block_mass.sum(-1)
+        target = uniform(seed, position, stream, round_) * mass
+        prefix = block_mass.cumsum(-1)
+        # the first block whose prefix passes the target (rounding may leave it short: the last with mass)
+        filled = block_mass > 0
+        block = torch.where((prefix > target[:, None]) & filled, torch.arange(blocks, device=scores.device), blocks).min(-1).values
+        last = torch.where(filled, torch.arange(blocks, device=scores.device), -1).max(-1).values
+        block = torch.where(block < blocks, block, last).clamp(min=0)
+        before = (prefix - block_mass)[rows, block]
+        inside = kept[rows, block]  # [n, size]
+        cdf = torch.where(inside, weights[rows, block], 0.0).cumsum(-1) + before[:, None]
+        hit = (cdf > target[:, None]) & inside
+        x = torch.where(hit, columns, size).min(-1).values
+        x = torch.where(x < size, x, torch.where(inside, columns, -1).max(-1).values).clamp(min=0)
+        at = s[rows, block, x]
+        above = s > at[:, None, None]
+        accept = ~filtered | (((top_k <= 0) | (above.sum((1, 2)) < top_k))
+                              & (torch.where(above, weights, 0.0).sum((1, 2)) < top_p * total))
+        token = torch.where(~done & accept, block * size + x, token)
+        done |= accept
+        if bool(done.all()):
+            break
+        pivot = torch.where(done, pivot, at)
+    return token
