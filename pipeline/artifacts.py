@@ -17,6 +17,7 @@ inputs' sha256) and every artifact it produced is still on disk with the recorde
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -33,6 +34,8 @@ from typing import Any
 from pipeline.errors import UserError
 
 ARTIFACTS_ROOT = Path("artifacts")
+# set while a stage holds its run folder's lock: the processes it starts (its ranks) write on its behalf
+RUN_LOCK_HELD = "GPT2DEPLOY_RUN_LOCK_HELD"
 STALE_TEMP = re.compile(r"\..+\.(tmp|old-\d+)")  # what atomic_write_bytes and atomic_dir leave if killed
 TRACKED_PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "onnx", "onnxscript", "onnxruntime",
                     "onnxruntime-gpu", "nvidia-modelopt", "polygraphy", "tensorrt", "tensorrt-rtx", "triton")
@@ -141,7 +144,39 @@ class RunDir:
         """The folder of one exported graph: onnx/<precision>, or onnx-<target>/<precision> for another target."""
         return self.root / ("onnx" if target == "portable" else f"onnx-{target}") / precision
 
-    def ensure_writable(self) -> None:
+    @contextlib.contextmanager
+    def exclusive(self, stage: str) -> Iterator[None]:
+        """One writing stage at a time in this run folder: an exclusive lock on <run>/.lock for the stage's
+        life, or a one-line UserError naming the holder's pid. The lock goes with its process, even a killed
+        one. A run folder this made and the stage left empty is removed."""
+        if os.environ.get(RUN_LOCK_HELD) or int(os.environ.get("RANK", "0")) != 0:  # its parent or rank 0 holds it
+            yield
+            return
+        made = not self.root.exists()
+        self.ensure_writable(clean=False)
+        handle = open(self.root / ".lock", "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise UserError(f"{self.root}: another gpt2-deploy stage is writing this run (pid and stage: {holder}); "
+                            "wait for it to end or pick another --run") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()} {stage}")
+        handle.flush()
+        os.environ[RUN_LOCK_HELD] = "1"
+        try:
+            yield
+        finally:
+            del os.environ[RUN_LOCK_HELD]
+            handle.close()  # and with it the lock
+            if made and [p.name for p in self.root.iterdir()] == [".lock"]:
+                shutil.rmtree(self.root, ignore_errors=True)
+
+    def ensure_writable(self, clean: bool = True) -> None:
         """Make the run folder, and remove what an earlier stage killed mid-write left (remove_stale_temps)."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -149,7 +184,8 @@ class RunDir:
             raise UserError(f"{self.root}: cannot create the run folder ({e.strerror})") from None
         if not os.access(self.root, os.W_OK):
             raise UserError(f"{self.root}: the run folder is not writable; fix its permissions or pick another --artifacts")
-        self.remove_stale_temps()
+        if clean:
+            self.remove_stale_temps()
 
     def remove_stale_temps(self) -> list[Path]:
         """The temporary files and folders of atomic writes that never finished (the process was killed
@@ -190,7 +226,8 @@ class RunDir:
         atomic_write_json(self.manifest_path, manifest)
 
     def forget(self, stage: str) -> None:
-        """Drop a stage's record, e.g. before rewriting its outputs, so a crash cannot look fresh."""
+        """Drop a stage's record (its outputs just replaced, before their new record): the hashes of the
+        record are checked against the files, so a crash between the two cannot look fresh either."""
         manifest = self.manifest()
         if stage in manifest["stages"] or any(a.get("stage") == stage for a in manifest["artifacts"].values()):
             manifest["stages"].pop(stage, None)

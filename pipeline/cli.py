@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import sys
@@ -54,6 +55,13 @@ def user_errors(fn):
                 raise
             console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code if isinstance(e, Interrupted) else 1) from None
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT) or _debug["on"]:
+                raise
+            # a full disk is the machine's state, not a bug: writes go through temp files, so nothing half-written stays
+            console.print(f"[red]error:[/red] {escape(e.filename or 'a file')}: {e.strerror}; free some space and run "
+                          "the stage again (outputs are replaced only when complete)", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
         except KeyboardInterrupt:  # stages write through temp files and renames: nothing half-written stays
             if _debug["on"]:
                 raise
@@ -92,10 +100,11 @@ def finetune(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = No
     from pipeline.finetune import finetune as run_finetune
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts, model_source=model)
-    _relaunch_on_ranks(nproc)
-    if data is not None:
-        cfg.data.source = data
-    run_finetune(cfg, rundir, resume=resume, force=force)
+    with rundir.exclusive("finetune"):
+        _relaunch_on_ranks(nproc)
+        if data is not None:
+            cfg.data.source = data
+        run_finetune(cfg, rundir, resume=resume, force=force)
 
 
 @app.command()
@@ -117,7 +126,8 @@ def export(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None
         cfg.export.precisions = precision or cfg.export.precisions
         cfg.export.targets = target or cfg.export.targets
         validate_config(cfg)
-    run_export(cfg, rundir, force=force)
+    with rundir.exclusive("export"):
+        run_export(cfg, rundir, force=force)
 
 
 @app.command("build-engine")
@@ -139,7 +149,8 @@ def build_engine(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets 
     if targets:
         cfg.engine.targets = targets
         validate_config(cfg)
-    build_engines(cfg, rundir, precision, flavour, targets, log_level, force)
+    with rundir.exclusive("build-engine"):
+        build_engines(cfg, rundir, precision, flavour, targets, log_level, force)
 
 
 def _device(spec: str):
@@ -345,7 +356,8 @@ def profile(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = Non
     from pipeline.profiling import profile_training
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
-    profile_training(cfg, rundir, steps=steps)
+    with rundir.exclusive("profile"):
+        profile_training(cfg, rundir, steps=steps)
 
 
 @app.command("train-bench")

@@ -264,6 +264,8 @@ def load_config(preset: str = "tiny", file: Path | None = None, overrides: list[
         for part in reversed(path[:-1]):
             nested = {part: nested}
         _merge_into(cfg, nested, f"--set {text}")
+    if top_level.get("run") == "":  # left out, --run is the preset's name; given empty, it is a mistake
+        raise UserError("--run '': give a run name, or leave --run out for the preset's name")
     for key, value in top_level.items():
         if value is not None:
             _merge_into(cfg, {key: value}, {"model_source": "--model"}.get(key, f"--{key}"))

@@ -6,6 +6,7 @@ import inspect
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
@@ -61,8 +62,10 @@ def load_gpt2(source: str | Path, what: str = "--model") -> GPT2LMHeadModel:
     hf_logging.disable_progress_bar()  # a bar per load is noise: checkpoints load in a blink
     try:
         return GPT2LMHeadModel.from_pretrained(source, dtype=torch.float32)
-    except (OSError, ValueError, RuntimeError) as e:
-        raise UserError(f"{what} {source}: the weights cannot be loaded ({str(e).splitlines()[0]})") from None
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # a truncated or empty weights file too
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"{what} {source}: the weights cannot be loaded ({reason}); rerun `gpt2-deploy finetune` "
+                        "or restore the file") from None
 
 
 def require_checkpoint(folder: Path, file: str = "config.json") -> Path:

@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.config import ServeConfig
 from pipeline.errors import UserError
@@ -76,12 +77,28 @@ def create_service(channel: tuple, info: dict, waiting, tokenizer, settings: Ser
     async def invalid_request(request, exc: RequestValidationError):
         # the fields and what is wrong with them, never the values: those may not even be encodable
         metrics.requests.labels("invalid").inc()
-        problems = ["{}: {}".format(".".join(str(p) for p in e["loc"] if p != "body") or "body", e["msg"])
-                    for e in exc.errors()]
-        first = exc.errors()[0]["loc"] if exc.errors() else ()
+        errors = exc.errors()
         # OpenAI's API answers a bad body with 400; this project's own with 422, FastAPI's default
         status = 400 if request.url.path.startswith("/v1/") else 422
+        if errors and errors[0]["type"] == "json_invalid":  # its place is a character position, not a field
+            where = errors[0]["loc"][-1]
+            why = (errors[0].get("ctx") or {}).get("error", "")
+            return error(status, f"body: not valid JSON ({why} at character {where}); send a JSON object")
+        problems = ["{}: {}".format(".".join(str(p) for p in e["loc"] if p != "body") or "body", e["msg"])
+                    for e in errors]
+        first = errors[0]["loc"] if errors else ()
         return error(status, "; ".join(problems), param=".".join(str(p) for p in first if p != "body") or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc: StarletteHTTPException):
+        # FastAPI's own refusals (a body it cannot parse: not UTF-8, nested too deep, an integer too
+        # long to convert; an unknown path or method) in OpenAI's shape, not FastAPI's {"detail": ...}
+        if exc.status_code == 400:
+            metrics.requests.labels("invalid").inc()
+            return error(400, "body: cannot be parsed as JSON (not UTF-8, nested too deep, or a number too long); "
+                              "send a UTF-8 JSON object")
+        kind = "NotFoundError" if exc.status_code == 404 else "invalid_request_error"
+        return error(exc.status_code, str(exc.detail), kind=kind, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(UnknownModel)
     async def unknown_model(_, exc: UnknownModel):

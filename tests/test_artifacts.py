@@ -55,3 +55,36 @@ def test_a_stage_start_removes_what_a_killed_write_left(tmp_path):
     left = sorted(p.relative_to(run.root).as_posix() for p in run.root.rglob("*"))
     assert left == [".hidden", "notes.tmp", "onnx", "onnx/fp32", "onnx/fp32/model.onnx"]
 
+
+
+def test_a_second_writer_of_a_run_gets_one_line_naming_the_holder_until_it_ends(tmp_path):
+    """Another process holds the run (a stage writing it): a stage here is refused, naming the holder's pid
+    and stage; once that process is gone (killed: the lock goes with it) the run is free again."""
+    import subprocess
+    import sys
+
+    from pipeline.errors import UserError
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from pipeline.artifacts import RunDir\n"
+                               f"with RunDir({str(tmp_path / 'run')!r}).exclusive('export'):\n"
+                               "    print('held', flush=True)\n    time.sleep(60)\n"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UserError, match=rf"run: another gpt2-deploy stage is writing this run \(pid and stage: "
+                                            rf"{holder.pid} export\); wait for it"):
+            with RunDir(tmp_path / "run").exclusive("finetune"):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with RunDir(tmp_path / "run").exclusive("finetune"):
+        (tmp_path / "run" / "checkpoint").mkdir()
+    assert (tmp_path / "run" / ".lock").read_text() == f"{__import__('os').getpid()} finetune"
+
+
+def test_a_stage_that_made_a_run_folder_and_wrote_nothing_leaves_none(tmp_path):
+    with pytest.raises(RuntimeError):
+        with RunDir(tmp_path / "new").exclusive("export"):
+            raise RuntimeError("the export failed before writing")
+    assert not (tmp_path / "new").exists()

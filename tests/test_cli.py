@@ -118,3 +118,19 @@ def test_a_graph_that_export_did_not_write_is_refused(exported_run, tmp_path, co
     (run.onnx("fp32") / "model.onnx").write_bytes(b"\x08\x07not onnx")
     result = runner.invoke(app, args)
     assert result.exit_code == 1 and "rerun `gpt2-deploy export --force`" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated"])
+def test_damaged_weights_are_one_line_naming_the_checkpoint(exported_run, tmp_path, damage):
+    """A zero-byte or truncated model.safetensors: generate (and export, which loads the same way) say
+    which checkpoint cannot be loaded, in one line, exit 1; no traceback."""
+    from tests.conftest import copy_run
+
+    cfg, run, _ = exported_run
+    run = copy_run(run, tmp_path / "run")
+    weights = run.checkpoint / "model.safetensors"
+    weights.write_bytes(b"" if damage == "empty" else weights.read_bytes()[:1000])
+    result = runner.invoke(app, _stage_args("generate", cfg, run, "Hi", "--backend", "torch"))
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert result.output.startswith(f"error: checkpoint {run.checkpoint}: the weights cannot be loaded")
+    assert len(result.output.strip().splitlines()) == 1

@@ -62,6 +62,11 @@ def test_a_run_folder_cannot_leave_the_artifacts_folder(tmp_path, how, name):
         call()
 
 
+def test_an_empty_run_name_is_refused_rather_than_taken_for_the_presets():
+    with pytest.raises(UserError, match="--run '': give a run name, or leave --run out"):
+        load_config("tiny", run="")
+
+
 def test_error_labels_name_the_source_and_the_key_apart(tmp_path):
     with pytest.raises(UserError, match=r"^--set train.steps=abc: train.steps = 'abc' is not a valid int$"):
         load_config("tiny", overrides=["train.steps=abc"])

@@ -126,9 +126,8 @@ def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force:
         if not force and run.is_fresh(stage, stage_fp):
             console.print(f"export: {where} is up to date")
             continue
-        run.forget(stage)
         started = time.perf_counter()
-        with atomic_dir(folder) as tmp:
+        with atomic_dir(folder) as tmp:  # a failure here leaves the last graph and its record as they were
             out = tmp / MODEL_FILE
             variant.write(out)
             graph = finish_graph(out)
@@ -139,6 +138,7 @@ def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force:
             if failures:
                 raise UserError(f"export {where}: the graph disagrees with PyTorch on ONNX Runtime "
                                 f"({'; '.join(failures)}); nothing was written")
+        run.forget(stage)  # the new graph is in place: the old record goes, then the new one comes
         files = sorted(p for p in folder.iterdir())
         key = variant.key
         report[key] = {"target": target, "export_seconds": round(seconds, 2), "bytes": sum(f.stat().st_size for f in files),

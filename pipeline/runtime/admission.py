@@ -21,18 +21,18 @@ class Admission:
     first of them arrived (`held`)."""
 
     def __init__(self, inbox: Inbox, rows: RowTable, width_of: Callable[[list[list[int]]], int],
-                 started: Callable[[Job], None]):
-        self.inbox, self.rows, self.width_of, self.started = inbox, rows, width_of, started
+                 started: Callable[[Job], None], dropped: Callable[[Job], None]):
+        self.inbox, self.rows, self.width_of, self.started, self.dropped = inbox, rows, width_of, started, dropped
         self.waiting: list[Job] = []
         self.held = 0
 
     def joining(self, wait: bool) -> list[Job]:
         """The jobs that join now (each told it started), as many as fit; waits for one when `wait` and
-        none waits. Cancelled waiting jobs leave (told they started, which counts them out)."""
+        none waits. Cancelled waiting jobs are dropped (told they started, which counts them out, and ended)."""
         self.waiting += self.inbox.take(wait and not self.waiting)
         for job in [j for j in self.waiting if j.cancelled.is_set()]:
             self.waiting.remove(job)
-            self.started(job)
+            self.dropped(job)
         prompts = sum(len(job.prompts) for job in self.waiting)
         if not prompts or (self.rows.placed and prompts < JOIN_ROWS and self.held < JOIN_EVERY):
             if not prompts:

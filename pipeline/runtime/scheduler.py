@@ -61,6 +61,11 @@ class SchedulerBase:
         if job.on_start is not None:
             job.on_start()
 
+    def dropped(self, job: Job) -> None:
+        """A job cancelled before it ran leaves the waiting ones, and ends: its consumer counts it done."""
+        self.started(job)
+        job.deliver(None)
+
     def serve(self) -> None:
         raise NotImplementedError
 
@@ -81,8 +86,10 @@ class SerialScheduler(SchedulerBase):
             except InboxClosed:
                 return
             job = self.waiting.popleft()
-            self.started(job)
-            if not job.cancelled.is_set():
+            if job.cancelled.is_set():
+                self.dropped(job)
+            else:
+                self.started(job)
                 self.run(job)
             self.flush()
 
@@ -119,7 +126,7 @@ class ContinuousScheduler(SchedulerBase):
         self.backend, self.pad_id, self.max_rows = backend, pad_id, max_rows
         self.table = RowTable(backend, max_rows)
         self.prefills = Prefills(backend, max_rows, pad_id)
-        self.admission = Admission(self.inbox, self.table, self.prefills.width_of, self.started)
+        self.admission = Admission(self.inbox, self.table, self.prefills.width_of, self.started, self.dropped)
         self.running: dict[Job, Running] = {}
         self.unread: list[Readback] = []  # picked on the device, not yet read by the host
         self.host_buffers = HostBuffers(max_rows, backend.device)

@@ -132,3 +132,34 @@ def test_export_says_nothing_the_user_need_not_act_on(exported, tmp_path, capfd)
     for noise in ("torchvision is not installed", "# The axis name", "Failed to get GPU count", "LeafSpec"):
         assert noise not in said
     assert "export: onnx/int8" in said
+
+
+def test_a_full_disk_mid_export_is_one_line_and_keeps_the_last_graph_and_its_record(exported, tmp_path, monkeypatch):
+    """ENOSPC while a graph is written (`export --force`): one line naming the file, exit 1; the graph
+    before it is still there and still recorded, so the backends still take it."""
+    import errno
+
+    from typer.testing import CliRunner
+
+    import pipeline.export.stage as stage
+    from pipeline.cli import app
+    from tests.conftest import MICRO
+
+    cfg, run, _ = exported
+    run = copy_run(run, tmp_path / "run")
+    before = run.require_exported("fp32")
+
+    def full(path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(stage, "finish_graph", full)
+    args = ["export", "--force", "--precision", "fp32", "--artifacts", str(run.root.parent), "--run", run.root.name,
+            "--set", f"data.source={cfg.data.source}"]
+    for s in MICRO:
+        args += ["--set", s]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]  # beside torch.onnx's progress
+    assert len(errors) == 1 and "model.onnx: No space left on device; free some space" in errors[0]
+    assert run.require_exported("fp32") == before  # the last graph, still recorded
+    assert not list(run.root.rglob(".*.tmp"))  # and nothing half-written beside it

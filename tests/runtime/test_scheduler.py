@@ -191,6 +191,8 @@ def test_jobs_taken_from_the_queue_to_wait_for_rows_start_only_as_they_run_or_ar
         job.cancelled.set()
     scheduler.admit(wait=False)
     assert not scheduler.admission.waiting and started == ["running", "waiting", "waiting"]
+    # and they end, so a consumer that counts its jobs (the HTTP side's running gauge) counts them done
+    assert all(job.deliver.done.is_set() and job.deliver.error is None and not job.deliver.steps for job in waiting)
 
 
 def test_jobs_arriving_while_rows_run_gather_and_join_in_one_prefill(model, monkeypatch):

@@ -110,7 +110,7 @@ def test_bad_requests_get_a_clear_error(server, request_body, status, message):
     ('{"prompt": "hi", "max_new_tokens": true}', 422, "max_new_tokens: Input should be a valid integer"),
     ('{"prompt": "hi", "max_tokens": 4}', 422, "max_tokens: Extra inputs are not permitted"),
     ('{"prompt": "hi", "repetition_penalty": 1e999}', 422, "repetition_penalty: Input should be a finite number"),
-    ('{"prompt": "hi"', 422, "JSON decode error"),
+    ('{"prompt": "hi"', 422, "body: not valid JSON (Expecting ',' delimiter at character 15)"),
     ('[1, 2]', 422, "Input should be a valid dictionary"),
 ])
 def test_hostile_values_get_a_4xx_naming_the_field(server, body, status, message):
@@ -118,6 +118,24 @@ def test_hostile_values_get_a_4xx_naming_the_field(server, body, status, message
     reply = httpx.post(f"{url}/generate", content=body.encode("utf-8"), headers={"content-type": "application/json"},
                        timeout=30)
     assert reply.status_code == status and message in reply.json()["error"]["message"], reply.text
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
+@pytest.mark.parametrize("body", [b'\xff\xfe{"prompt": "hi"}', b"[" * 10000 + b"]" * 10000,
+                                  b'{"prompt": "hi", "seed": ' + b"7" * 5000 + b"}", b'{"prompt": "hi",}'],
+                         ids=["not-utf8", "nested-10000-deep", "5000-digit-integer", "syntax-error"])
+def test_a_body_that_is_not_json_gets_openais_error_shape_without_a_param(server, path, body):
+    url, _ = server
+    reply = httpx.post(f"{url}{path}", content=body, headers={"content-type": "application/json"}, timeout=30)
+    error = reply.json()["error"]
+    assert 400 <= reply.status_code < 500 and error["param"] is None and error["message"].startswith("body: ")
+    assert error["type"] == "invalid_request_error", reply.text
+
+
+def test_an_unknown_path_gets_openais_error_shape(server):
+    url, _ = server
+    reply = httpx.get(f"{url}/v1/nothing", timeout=30)
+    assert reply.status_code == 404 and reply.json()["error"]["type"] == "NotFoundError"
 
 
 def test_bounded_fuzz_never_gets_a_5xx_and_health_stays_up(server):
@@ -202,3 +220,13 @@ def test_a_full_queue_gets_429_with_retry_after_and_a_long_request_504(tight_ser
         t.join()
     assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
     assert replies["running"].status_code == 504 and "limit of 1 s" in replies["running"].json()["error"]["message"]
+    # the waiting one timed out before it started: once idle, neither gauge holds either request
+    gauges = {}
+    for _ in range(50):
+        lines = httpx.get(f"{tight_server}/metrics", timeout=10).text.splitlines()
+        gauges = {line.split()[0]: float(line.split()[1]) for line in lines
+                  if line.startswith(("gpt2deploy_requests_running", "gpt2deploy_requests_waiting"))}
+        if gauges and not any(gauges.values()):
+            break
+        time.sleep(0.2)
+    assert gauges and not any(gauges.values()), gauges
