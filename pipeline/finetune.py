@@ -131,7 +131,7 @@ def _finetune(cfg: Config, run: RunDir, resume: bool, force: bool, on_step: Call
     if not force and not resume and run.is_fresh("finetune", stage_fp):
         console.print(f"finetune: {run.checkpoint} is up to date (nothing to do; --force retrains)")
         return _load_report(run)
-    state = _load_state(state_path, stage_fp) if resume else None
+    state = _load_state(state_path, stage_fp, cfg.train.steps) if resume else None
     if state is None and state_path.exists() and not force:
         raise UserError(f"{state_path}: an interrupted fine-tune is here; pass --resume to continue it or --force to start over")
 
@@ -271,7 +271,7 @@ def _kept(run: RunDir) -> str:
     return "no state was saved before it and no checkpoint is written"
 
 
-def _load_state(path: Path, stage_fp: str) -> dict:
+def _load_state(path: Path, stage_fp: str, steps: int) -> dict:
     if not path.exists():
         raise UserError(f"--resume: no interrupted fine-tune in {path.parent}; run without --resume")
     try:
@@ -281,6 +281,13 @@ def _load_state(path: Path, stage_fp: str) -> dict:
         raise UserError(f"{path}: unreadable training state ({type(e).__name__}); rerun with --force") from None
     if state.get("fingerprint") != stage_fp:
         raise UserError(f"{path}: saved with another config or corpus; rerun with the same settings, or --force to start over")
+    for key in ("step", "samples"):  # what the loop counts from: a crafted or damaged state could skip it all
+        value = state.get(key)
+        if type(value) is not int or not 0 <= value <= (steps if key == "step" else 2**62):
+            raise UserError(f"{path}: its {key} ({str(value)[:40]}) is not a count within train.steps={steps}; "
+                            "rerun with --force to start over")
+    if not all(isinstance(state.get(key), list) for key in ("history", "evals")):
+        raise UserError(f"{path}: its loss history is missing or damaged; rerun with --force to start over")
     if state.get("sharded") and not (path.parent / SHARDS / ".metadata").is_file():
         raise UserError(f"{path.parent / SHARDS}: the sharded weights of this state are missing; rerun with --force")
     return state

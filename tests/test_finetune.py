@@ -72,6 +72,21 @@ def test_resume_refuses_a_changed_config(micro_config, tmp_path):
         finetune(micro_config(), RunDir(tmp_path / "other"), resume=True)
 
 
+@pytest.mark.parametrize("step", [10**9, "abc", -1, 2.5])
+def test_resume_refuses_a_state_whose_step_is_not_in_the_schedule(micro_config, tmp_path, step):
+    """A crafted or damaged state (step past train.steps, not a count) is refused before anything trains or
+    a checkpoint is written, in one line naming the file."""
+    run = RunDir(tmp_path / "run")
+    with pytest.raises(Interrupted):
+        finetune(micro_config(), run, on_step=lambda s: s == 2 and os.kill(os.getpid(), signal.SIGTERM))
+    path = run.train_state / "state.pt"
+    state = torch.load(path, weights_only=True)
+    torch.save({**state, "step": step}, path)
+    with pytest.raises(UserError, match=r"state.pt: its step \(.*\) is not a count within train.steps=8; rerun with --force"):
+        finetune(micro_config(), run, resume=True)
+    assert not run.checkpoint.exists()
+
+
 def test_mixed_precision_and_checkpointing_train_on_cpu(micro_config, tmp_path):
     report = finetune(micro_config("train.precision=bf16", "train.checkpointing=true", "train.grad_accum=2",
                                    "train.steps=4"), RunDir(tmp_path / "run"))
