@@ -308,7 +308,7 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
                       f"(ready in {engine.info['startup_s']:.1f} s, {count} HTTP process{'es' if count > 1 else ''})",
                       markup=False)
         if count == 1:
-            serve_here(engine, sock, tokenizer, settings, name, docs, heard)
+            failed = serve_here(engine, sock, tokenizer, settings, name, docs, heard)
         else:
             failed = serve_in_processes(engine, sock, count, rundir.checkpoint, settings, name, docs, heard)
     if failed:

@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.config import ServeConfig
 from pipeline.errors import UserError
-from serve.engine import EngineClient, QueueFull
+from serve.engine import EngineClient, EngineStopped, QueueFull
 from serve.errors import TimedOut, UnknownModel, error
 from serve.metrics import ServeMetrics
 from serve.middleware import Admission, BodyLimit
@@ -100,6 +100,10 @@ def create_service(channel: tuple, info: dict, waiting, tokenizer, settings: Ser
         kind = "NotFoundError" if exc.status_code == 404 else "invalid_request_error"
         return error(exc.status_code, str(exc.detail), kind=kind, headers=getattr(exc, "headers", None))
 
+    @app.exception_handler(EngineStopped)
+    async def engine_stopped(_, exc: EngineStopped):
+        return error(503, str(exc), kind="server_error", code="engine_stopped")
+
     @app.exception_handler(UnknownModel)
     async def unknown_model(_, exc: UnknownModel):
         metrics.requests.labels("invalid").inc()
@@ -121,8 +125,9 @@ def create_service(channel: tuple, info: dict, waiting, tokenizer, settings: Ser
 
     @app.get("/health")
     def health():
-        return {"status": "ok" if engine.alive else "engine stopped", "model": model_name, **info,
+        body = {"status": "ok" if engine.alive else "engine stopped", "model": model_name, **info,
                 "max_rows": settings.max_rows}
+        return body if engine.alive else JSONResponse(status_code=503, content=body)
 
     @app.get("/ready")
     def ready():

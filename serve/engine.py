@@ -29,6 +29,10 @@ from pipeline.runtime.sampling import Sampling
 START_TIMEOUT_S = 900  # the child opens the backend and captures every graph before it answers
 
 
+class EngineStopped(RuntimeError):
+    """The engine process has stopped: nothing can run here any more (503; the server exits)."""
+
+
 class QueueFull(Exception):
     """The waiting queue is at its cap."""
 
@@ -161,11 +165,16 @@ class EngineClient:
         self.commands.close()
 
     def send(self, message: tuple) -> None:
-        self.commands.send(message)
+        """To the engine; once it is gone (a broken pipe) nothing is sent and `alive` says so: its jobs
+        learn of it as the result pipe ends (read)."""
+        try:
+            self.commands.send(message)
+        except OSError:
+            self.alive = False
 
     def submit(self, prompts: list[list[int]], sampling: Sampling, deliver: Callable[[object], None]) -> RemoteJob:
         if not self.alive:
-            raise RuntimeError("the engine process has stopped")
+            raise EngineStopped("the engine process has stopped; the server is stopping")
         with self.waiting.get_lock():
             if self.waiting.value >= self.queue_cap:
                 raise QueueFull
@@ -174,6 +183,9 @@ class EngineClient:
         self.jobs[job.id], self.unstarted = job, self.unstarted + 1
         self.report_load()
         self.send(("submit", job.id, prompts, sampling))
+        if not self.alive:  # it never reached the engine
+            self.arrive(job.id, EngineStopped("the engine process has stopped; the server is stopping"))
+            raise EngineStopped("the engine process has stopped; the server is stopping")
         return job
 
     def started(self, jobs: int) -> None:
@@ -194,7 +206,7 @@ class EngineClient:
             jobs, self.jobs, self.unstarted = list(self.jobs.values()), {}, 0
             self.report_load()
             for job in jobs:
-                job.deliver(RuntimeError("the engine process stopped"))
+                job.deliver(EngineStopped("the engine process stopped; the server is stopping"))
 
     def arrive(self, job_id: int, item: object) -> None:
         job = self.jobs.get(job_id)

@@ -4,9 +4,24 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
+from pipeline.errors import UserError
+from serve.engine import EngineStopped
+
 
 class TimedOut(Exception):
     """A request ran past the server's time limit (504)."""
+
+
+def stream_error(e: Exception) -> dict:
+    """What a stream that has started sends for the error that ended it: a request's own fault, a time
+    limit, the engine gone, or anything else (named, never its traceback)."""
+    if isinstance(e, TimedOut):
+        return error_body(str(e), "timeout_error")
+    if isinstance(e, EngineStopped):
+        return error_body(str(e), "server_error", code="engine_stopped")
+    if isinstance(e, UserError):
+        return error_body(str(e))
+    return error_body(f"internal error ({type(e).__name__}); the server log has the details", "server_error")
 
 
 class UnknownModel(Exception):

@@ -16,9 +16,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.errors import UserError
 from pipeline.runtime.sampling import Sampling
-from serve.errors import TimedOut
+from serve.errors import stream_error
 from serve.streaming import Completion, Hub
 
 
@@ -98,7 +97,7 @@ async def events(completion: Completion) -> AsyncIterator[str]:
         async for _ in completion.run(None):
             rows = completion.rows
             yield f"data: {json.dumps({'tokens': [r.new_tokens() for r in rows], 'text': [r.new_text() for r in rows]})}\n\n"
-    except (UserError, TimedOut) as e:
-        yield f"event: error\ndata: {json.dumps({'error': {'message': str(e), 'type': type(e).__name__}})}\n\n"
+    except Exception as e:  # the reply has started: the error goes as an event, then done
+        yield f"event: error\ndata: {json.dumps({'error': {**stream_error(e)['error'], 'type': type(e).__name__}})}\n\n"
         return
     yield "event: done\ndata: {}\n\n"

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.errors import UserError
 from pipeline.runtime.sampling import Sampling
-from serve.errors import TimedOut, UnknownModel, error_body
+from serve.errors import UnknownModel, stream_error
 from serve.streaming import Completion, Hub
 
 MAX_STOP = 4  # stop strings per request, as OpenAI allows
@@ -149,9 +149,8 @@ class Reply:
                         last = chunk
                     else:
                         yield chunk
-        except (UserError, TimedOut) as e:
-            kind = "timeout_error" if isinstance(e, TimedOut) else "invalid_request_error"
-            last += f"data: {json.dumps(error_body(str(e), kind))}\n\n".encode()
+        except Exception as e:  # the reply has started: the error goes as a chunk, then [DONE]
+            last += f"data: {json.dumps(stream_error(e))}\n\n".encode()
         else:
             if options.include_usage:
                 last += self.chunk([], True)

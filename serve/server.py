@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from ctypes import c_int
@@ -60,6 +61,7 @@ class DrainingServer(uvicorn.Server):
                  orders: c_int | None = None, heard: list[int] | None = None):
         super().__init__(config)
         self.service, self.drain_s, self.drain_started = service, drain_s, None
+        self.engine_lost = False  # the engine process stopped: this server drains and exits 1
         self.orders, self.obeyed, self.supervisor, self.heard = orders, 0, os.getppid(), heard or []
         logging.getLogger("uvicorn.error").addFilter(self.quiet_when_forced)
 
@@ -89,6 +91,12 @@ class DrainingServer(uvicorn.Server):
             await self.lifespan.shutdown()
 
     async def on_tick(self, counter: int) -> bool:
+        if not self.engine_lost and not self.service.engine.alive:
+            # nothing can run here any more: a process supervisor restarts the server on the non-zero exit
+            self.engine_lost = True
+            print(f"serve: the engine process stopped; stopping (exit 1) [pid {os.getpid()}]", file=sys.stderr,
+                  flush=True)
+            self.handle_exit(signal.SIGTERM, None)
         if self.orders is not None:
             while self.obeyed < self.orders.value:
                 self.obeyed += 1
@@ -131,19 +139,22 @@ def listen(settings: ServeConfig) -> socket.socket:
 
 
 def run_http(service: Service, settings: ServeConfig, sock: socket.socket,
-             orders: c_int | None = None, heard: list[int] | None = None) -> None:
+             orders: c_int | None = None, heard: list[int] | None = None) -> int:
+    """Serve until stopped -> the exit code: 1 where the engine process stopped under it."""
     config = uvicorn.Config(service.asgi, host=settings.host, port=settings.port, log_level="warning",
                             timeout_graceful_shutdown=FORCED_CLOSE_S, backlog=BACKLOG)
+    server = DrainingServer(config, service, settings.drain_s, orders, heard)
     try:
-        DrainingServer(config, service, settings.drain_s, orders, heard).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         service.engine.close()
+    return int(server.engine_lost)
 
 
 def serve_here(engine: EngineProcess, sock: socket.socket, tokenizer, settings: ServeConfig, model_name: str,
-               docs: bool, heard: list[int]) -> None:
-    """One HTTP process: this one."""
-    run_http(create_service(engine.channels[0], engine.info, engine.waiting, tokenizer, settings, model_name, docs),
+               docs: bool, heard: list[int]) -> int:
+    """One HTTP process: this one. -> the exit code"""
+    return run_http(create_service(engine.channels[0], engine.info, engine.waiting, tokenizer, settings, model_name, docs),
              settings, sock, heard=heard)
 
 
@@ -153,8 +164,8 @@ def http_main(channel: tuple, info: dict, waiting, sock: socket.socket, checkpoi
     blocked (inherited from serve_in_processes) for the supervisor's orders."""
     from pipeline.tokenizer import load_tokenizer
 
-    run_http(create_service(channel, info, waiting, load_tokenizer(checkpoint), settings, model_name, docs), settings,
-             sock, orders)
+    sys.exit(run_http(create_service(channel, info, waiting, load_tokenizer(checkpoint), settings, model_name, docs),
+                      settings, sock, orders))
 
 
 def serve_in_processes(engine: EngineProcess, sock: socket.socket, count: int, checkpoint: Path, settings: ServeConfig,

@@ -180,3 +180,49 @@ def test_a_port_in_use_is_one_line_before_the_engine_starts(exported_run, tmp_pa
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [f"error: --port {port}: cannot listen on 127.0.0.1:{port} "
                                                 "(Address already in use); choose another port or stop what holds it"]
+
+
+def engine_pid(server_pid: int) -> int:
+    """The engine: the server's child process that multiprocessing spawned (not its resource tracker)."""
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    for pid in map(int, children):
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return pid
+    raise AssertionError(f"no engine process under {server_pid}: {children}")
+
+
+@pytest.mark.parametrize("http_processes", ["1", "2"])
+def test_a_killed_engine_ends_streams_with_an_error_fails_health_and_exits_1(exported_run, tmp_path, http_processes):
+    """kill -9 of the engine under a running stream: the stream gets an error chunk then [DONE], /health
+    and new requests answer 503 while the server stops, and it exits 1 within a bound (for a process
+    supervisor to restart it), saying why in one line."""
+    _, run, _ = exported_run
+    proc, url = start_server(run, tmp_path / "server.log", "--http-processes", http_processes)
+    lines = []
+
+    def stream():
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=60,
+                          json={"model": run.root.name, "prompt": ["The module"] * 16, "max_tokens": 200,
+                                "ignore_eos": True, "stream": True}) as reply:
+            lines.extend(line for line in reply.iter_lines() if line)
+
+    client = threading.Thread(target=stream)
+    client.start()
+    time.sleep(1.0)  # the stream is running
+    os.kill(engine_pid(proc.pid), signal.SIGKILL)
+    statuses = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            statuses.append(httpx.get(f"{url}/health", timeout=2).status_code)
+        except httpx.TransportError:  # stopped listening: it is on its way out
+            break
+        time.sleep(0.1)
+    assert proc.wait(timeout=30) == 1
+    client.join(timeout=30)
+    assert lines and lines[-1] == "data: [DONE]", lines[-3:]
+    error = json.loads(lines[-2][len("data: "):])["error"]
+    assert error["code"] == "engine_stopped" and "the engine process stopped" in error["message"], error
+    assert 200 not in statuses[3:]  # once the loss is seen, health fails
+    log = (tmp_path / "server.log").read_text()
+    assert "serve: the engine process stopped; stopping (exit 1)" in log and "Traceback" not in log
