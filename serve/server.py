@@ -207,9 +207,12 @@ def serve_in_processes(engine: EngineProcess, sock: socket.socket, count: int, c
                 process.join()
                 running.remove(process)
                 multiprocess.mark_process_dead(process.pid)  # its live gauges leave the sums
-                if process.exitcode:  # one failed: the others drain and stop too
+                if process.exitcode and not failed:  # one failed or was killed: the whole server stops at once
                     failed = True
+                    print(f"serve: HTTP process {process.name} (pid {process.pid}) ended with exit code "
+                          f"{process.exitcode}; stopping the server (exit 1)", file=sys.stderr, flush=True)
                     stop_all()
+                    stop_all()  # the second order stops at once: a server short of a process is not to be drained
         return int(failed)
     finally:
         for process in processes:

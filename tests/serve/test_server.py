@@ -226,3 +226,15 @@ def test_a_killed_engine_ends_streams_with_an_error_fails_health_and_exits_1(exp
     assert 200 not in statuses[3:]  # once the loss is seen, health fails
     log = (tmp_path / "server.log").read_text()
     assert "serve: the engine process stopped; stopping (exit 1)" in log and "Traceback" not in log
+
+
+def test_a_killed_http_process_stops_the_whole_server_at_once_saying_which(exported_run, tmp_path):
+    _, run, _ = exported_run
+    proc, url = start_server(run, tmp_path / "server.log", "--http-processes", "2")
+    children = [int(pid) for pid in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    http = [pid for pid in children if pid != engine_pid(proc.pid) and b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    os.kill(http[0], signal.SIGKILL)
+    started = time.monotonic()
+    assert proc.wait(timeout=30) == 1 and time.monotonic() - started < 15
+    log = (tmp_path / "server.log").read_text()
+    assert f"(pid {http[0]}) ended with exit code -9; stopping the server (exit 1)" in log and "Traceback" not in log
