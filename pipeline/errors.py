@@ -5,7 +5,12 @@ project and keeps its traceback (shown with --debug)."""
 
 
 class UserError(Exception):
-    """Bad input, a missing artifact or an environment problem, with what to do about it."""
+    """Bad input, a missing artifact or an environment problem, with what to do about it; `param`: the
+    request field it is about, where it came over HTTP."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class Interrupted(UserError):

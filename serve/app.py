@@ -71,7 +71,7 @@ def create_service(channel: tuple, info: dict, waiting, tokenizer, settings: Ser
     @app.exception_handler(UserError)
     async def user_error(_, exc: UserError):
         metrics.requests.labels("invalid").inc()
-        return error(400, str(exc))
+        return error(400, str(exc), param=exc.param)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request, exc: RequestValidationError):

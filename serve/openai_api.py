@@ -5,8 +5,8 @@
                            stream (+ stream_options.include_usage), echo, presence_penalty,
                            frequency_penalty; vLLM's extensions top_k, repetition_penalty, ignore_eos
                            and stream_options.continuous_usage_stats.
-                           Ranges as vLLM checks them. n = 1 only; logprobs are not offered (the
-                           batched decode keeps no per-token log-probabilities).
+                           Ranges as vLLM checks them; n choices per prompt. logprobs are not
+                           offered yet (the batched decode keeps no per-token log-probabilities).
 
 Streaming sends `data: {...}` chunks (each prompt's new text, its finish_reason on the last),
 then `data: [DONE]`."""
@@ -53,7 +53,7 @@ class CompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     echo: bool = False
-    n: int = Field(1, ge=1, le=1)
+    n: int = Field(1, ge=1)  # choices per prompt: each a row of its own, drawn on its own stream
     logprobs: int | None = Field(None, ge=0, le=5)
     ignore_eos: bool = False
     user: str | None = None
@@ -89,10 +89,15 @@ def openai_routes(hub: Hub, model_name: str, created: int) -> APIRouter:
             raise UnknownModel(f"The model `{req.model}` does not exist; this server serves `{model_name}` (GET /v1/models)")
         if req.logprobs is not None:
             raise UserError("logprobs: this server does not return log-probabilities; leave logprobs out")
-        sampling, stops = req.sampling(hub.eos), req.stops()
-        ids = await hub.tokenize(req.prompts(), sampling, "max_tokens")
-        completion = hub.start(ids, sampling, stops)
-        reply = Reply(completion, model_name, req.prompts() if req.echo else None)
+        sampling, stops, prompts = req.sampling(hub.eos), req.stops(), req.prompts()
+        if len(prompts) * req.n > hub.max_prompts:
+            raise UserError(f"n: {req.n} choices for each of {len(prompts)} prompts exceed the {hub.max_prompts} rows "
+                            "this server runs for one request; lower n or send fewer prompts", param="n")
+        ids = await hub.tokenize(prompts, sampling, "max_tokens")
+        # the choices of a prompt are rows of their own, in OpenAI's order (prompt by prompt): each row of a
+        # request draws on a stream of its own, so sampled choices differ and a seed repeats them all
+        completion = hub.start([p for p in ids for _ in range(req.n)], sampling, stops)
+        reply = Reply(completion, model_name, [p for p in prompts for _ in range(req.n)] if req.echo else None, req.n)
         if req.stream:
             options = req.stream_options or StreamOptions()
             return StreamingResponse(reply.chunks(options), media_type="text/event-stream")
@@ -107,8 +112,8 @@ def openai_routes(hub: Hub, model_name: str, created: int) -> APIRouter:
 class Reply:
     """The completion's response bodies: whole, or as a stream of chunks."""
 
-    def __init__(self, completion: Completion, model: str, echo: list[str] | None):
-        self.completion, self.model, self.echo = completion, model, echo
+    def __init__(self, completion: Completion, model: str, echo: list[str] | None, n: int = 1):
+        self.completion, self.model, self.echo, self.n = completion, model, echo, n
         self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
     def echoed(self, index: int) -> str:
@@ -116,8 +121,8 @@ class Reply:
 
     def usage(self) -> dict:
         generated = self.completion.generated_tokens
-        return {"prompt_tokens": self.completion.prompt_tokens, "completion_tokens": generated,
-                "total_tokens": self.completion.prompt_tokens + generated}
+        prompt = self.completion.prompt_tokens // self.n  # each prompt counted once, as OpenAI counts it
+        return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
 
     def body(self, choices: list[dict], usage: bool) -> dict:
         body = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,

@@ -89,7 +89,8 @@ def test_seeded_sampling_repeats_and_echo_prepends_the_prompt(client):
     ({"top_p": 0}, 400, "top_p", "greater than 0"),
     ({"max_tokens": 0}, 400, "max_tokens", "greater than or equal to 1"),
     ({"max_tokens": 5000}, 400, None, "plus max_tokens=5000 exceeds the model's context of 256"),
-    ({"n": 2}, 400, "n", "less than or equal to 1"),
+    ({"n": 0}, 400, "n", "greater than or equal to 1"),
+    ({"n": 65}, 400, "n", "n: 65 choices for each of 1 prompts exceed the 64 rows"),
     ({"logprobs": 1}, 400, None, "does not return log-probabilities"),
     ({"stop": ["a", "b", "c", "d", "e"]}, 400, None, "at most 4"),
     ({"model": "gpt-4"}, 404, "model", "The model `gpt-4` does not exist"),
@@ -160,3 +161,19 @@ def test_extreme_sampling_values_are_answered_or_refused_and_never_hurt_the_requ
                         assert status == 200 and got["choices"][0]["text"] == want["choices"][0]["text"], (field, value)
     finally:
         stop_server(proc)
+
+
+def test_n_choices_per_prompt_are_drawn_apart_and_repeat_under_a_seed(client, server):
+    openai_client, name = client
+    ask = dict(model=name, prompt=["The module", "Return the"], max_tokens=8, temperature=1.0, seed=11, n=3)
+    first, again = (openai_client.completions.create(**ask) for _ in range(2))
+    assert [c.index for c in first.choices] == list(range(6))
+    texts = [c.text for c in first.choices]
+    assert texts == [c.text for c in again.choices]  # seeded: the same choices
+    assert len(set(texts[:3])) > 1 and len(set(texts[3:])) > 1  # each choice on a stream of its own
+    single = openai_client.completions.create(model=name, prompt="The module", max_tokens=8, temperature=1.0, seed=11)
+    assert first.usage.prompt_tokens == single.usage.prompt_tokens + openai_client.completions.create(
+        model=name, prompt="Return the", max_tokens=1).usage.prompt_tokens  # each prompt counted once
+    url, _ = server
+    reply = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "hi", "n": 10_000}, timeout=30)
+    assert reply.status_code == 400 and reply.json()["error"]["message"].startswith("n: 10000 choices")
