@@ -66,7 +66,7 @@ def create_service(channel: tuple, info: dict, waiting, tokenizer, settings: Ser
     app = FastAPI(title="gpt2-deploy", version="0.1.0", docs_url="/docs" if docs else None, redoc_url=None,
                   openapi_url="/openapi.json" if docs else None, lifespan=lifespan)
     admission = Admission(app, metrics.reject)
-    asgi = BodyLimit(admission, settings.max_body, metrics.reject)
+    asgi = BodyLimit(admission, settings.max_body, settings.body_timeout_s, metrics.reject)
 
     @app.exception_handler(UserError)
     async def user_error(_, exc: UserError):

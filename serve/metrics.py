@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 PREFIX = "gpt2deploy"
 OUTCOMES = ("ok", "cancelled", "timeout", "invalid", "rejected", "error")
-REJECTIONS = ("queue_full", "draining", "body_too_large")
+REJECTIONS = ("queue_full", "draining", "body_too_large", "body_timeout")
 # seconds; decode steps take 0.1-10 ms, first tokens up to seconds under load
 TOKEN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

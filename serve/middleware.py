@@ -1,7 +1,9 @@
-"""ASGI middleware in front of the routes: the body size cap, and admission while draining."""
+"""ASGI middleware in front of the routes: the body size cap and read timeout, and admission while
+draining."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from serve.errors import error
@@ -12,23 +14,28 @@ WORK = frozenset({"/generate", "/batch_generate", "/v1/completions"})
 
 class BodyLimit:
     """A request body over `limit` bytes gets 413, by its Content-Length before anything is read, or,
-    for a body without one (chunked), as soon as what arrived passes the limit; such a body is read
-    here and handed on whole."""
+    for a body without one (chunked), as soon as what arrived passes the limit; one whose next part
+    takes more than `timeout_s` to come gets 408 (slow clients held a connection, and a drain, for as
+    long as they liked). The body is read here and handed on whole."""
 
-    def __init__(self, app, limit: int, rejected: Callable[[str], None]):
-        self.app, self.limit, self.rejected = app, limit, rejected
+    def __init__(self, app, limit: int, timeout_s: float, rejected: Callable[[str], None]):
+        self.app, self.limit, self.timeout_s, self.rejected = app, limit, timeout_s, rejected
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length")
-        if length is not None:
-            if not length.isdigit() or int(length) > self.limit:
-                return await self.too_large(scope, receive, send)
-            return await self.app(scope, receive, send)
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return await self.too_large(scope, receive, send)
         chunks, size, more = [], 0, True
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout_s)
+            except TimeoutError:
+                self.rejected("body_timeout")
+                reply = error(408, f"the request body stopped arriving for {self.timeout_s:g} s; send it whole",
+                              param="body")
+                return await reply(scope, receive, send)
             if message["type"] != "http.request":  # the client left
                 return
             chunks.append(message.get("body", b""))

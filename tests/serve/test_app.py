@@ -230,3 +230,32 @@ def test_a_full_queue_gets_429_with_retry_after_and_a_long_request_504(tight_ser
             break
         time.sleep(0.2)
     assert gauges and not any(gauges.values()), gauges
+
+
+def test_a_body_that_stops_arriving_gets_408_and_does_not_hold_a_drain(exported_run, tmp_path):
+    """Clients that send 9 of a declared 100 bytes and stall: each gets 408 once the body timeout passes,
+    and a SIGTERM meanwhile stops the server without waiting for them."""
+    import signal
+    import socket
+
+    from tests.serve.conftest import start_server
+
+    _, run, _ = exported_run
+    proc, url = start_server(run, tmp_path / "server.log", "--set", "serve.body_timeout_s=1")
+    port = int(url.rsplit(":", 1)[1])
+    slow = []
+    for _ in range(3):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
+                  b'{"prompt"')
+        slow.append(s)
+    for s in slow:
+        s.settimeout(10)
+        reply = s.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 408") and b"stopped arriving for 1 s" in reply
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{")
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0 and time.monotonic() - started < 10
+    s.close()
