@@ -193,7 +193,7 @@ def _merge_into(obj: Any, values: dict[str, Any], source: str, path: str = "") -
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current) or isinstance(current, dict):
             if not isinstance(value, dict):
-                raise UserError(f"{source}: {where} is a table of settings, not {value!r}")
+                raise UserError(f"{source}: {where} is a table of settings, not {_shown(value)}")
             if isinstance(current, dict):  # a table of dataclasses keyed by name (budgets per precision)
                 for name, entry in value.items():
                     if name not in current:
@@ -230,10 +230,17 @@ def _coerce(value: Any, hint: Any, source: str, where: str) -> Any:
             raise ValueError(value)
         converted = hint(value)
         if hint is float and not math.isfinite(converted):
-            raise UserError(f"{source}: {where} = {value!r} is not a finite number")
+            raise UserError(f"{source}: {where} = {_shown(value)} is not a finite number")
         return converted
     except (TypeError, ValueError):
-        raise UserError(f"{source}: {where} = {value!r} is not a valid {getattr(hint, '__name__', hint)}") from None
+        raise UserError(f"{source}: {where} = {_shown(value)} is not a valid {getattr(hint, '__name__', hint)}") from None
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A value as an error line quotes it: whole when short, its head and length when not (a 3 MB string
+    was echoed whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _parse_override(text: str) -> tuple[list[str], str]:
@@ -264,7 +271,7 @@ def load_config(preset: str = "tiny", file: Path | None = None, overrides: list[
         nested: dict[str, Any] = {path[-1]: value}
         for part in reversed(path[:-1]):
             nested = {part: nested}
-        _merge_into(cfg, nested, f"--set {text}")
+        _merge_into(cfg, nested, f"--set {text if len(text) <= 80 else _shown(text)}")
     if top_level.get("run") == "":  # left out, --run is the preset's name; given empty, it is a mistake
         raise UserError("--run '': give a run name, or leave --run out for the preset's name")
     for key, value in top_level.items():

@@ -78,6 +78,16 @@ def test_error_labels_name_the_source_and_the_key_apart(tmp_path):
             load_config("tiny", overrides=[f"train.lr={value}"])
 
 
+def test_a_huge_wrong_value_is_quoted_by_its_head_and_length(tmp_path):
+    (tmp_path / "huge.toml").write_text(f'[train]\nsteps = "{"x" * 3_000_000}"\n')
+    with pytest.raises(UserError) as caught:
+        load_config("tiny", tmp_path / "huge.toml")
+    assert len(str(caught.value)) < 300 and "... (3000002 characters) is not a valid int" in str(caught.value)
+    with pytest.raises(UserError) as caught:
+        load_config("tiny", overrides=["train.steps=" + "y" * 3_000_000])
+    assert len(str(caught.value)) < 300
+
+
 def test_the_larger_presets_have_the_published_shapes():
     from pipeline.model import new_model
 
