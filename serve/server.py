@@ -14,6 +14,7 @@ drains too, not kills."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import multiprocessing
 import os
@@ -134,8 +135,13 @@ def listen(settings: ServeConfig) -> socket.socket:
     try:
         return socket.create_server((settings.host, settings.port), backlog=BACKLOG)
     except OSError as e:
-        raise UserError(f"--port {settings.port}: cannot listen on {settings.host}:{settings.port} ({os.strerror(e.errno)}); "
-                        "choose another port or stop what holds it") from None
+        reason = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or str(e))  # gaierror: negative
+        if e.errno == errno.EADDRINUSE:
+            raise UserError(f"--port {settings.port}: cannot listen on {settings.host}:{settings.port} ({reason}); "
+                            "choose another port or stop what holds it") from None
+        # an address that is not this machine's, or no address at all (a name that does not resolve)
+        raise UserError(f"--host {settings.host}: cannot listen there ({reason}); give an address of this machine, "
+                        "e.g. 127.0.0.1 or 0.0.0.0") from None
 
 
 def run_http(service: Service, settings: ServeConfig, sock: socket.socket,

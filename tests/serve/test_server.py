@@ -238,3 +238,13 @@ def test_a_killed_http_process_stops_the_whole_server_at_once_saying_which(expor
     assert proc.wait(timeout=30) == 1 and time.monotonic() - started < 15
     log = (tmp_path / "server.log").read_text()
     assert f"(pid {http[0]}) ended with exit code -9; stopping the server (exit 1)" in log and "Traceback" not in log
+
+
+def test_a_host_that_is_not_this_machines_is_named_as_the_host():
+    """Binding an address of no interface here (a documentation address; nothing is sent) names --host."""
+    from pipeline.config import ServeConfig
+    from pipeline.errors import UserError
+    from serve.server import listen
+
+    with pytest.raises(UserError, match=r"^--host 203.0.113.5: cannot listen there \(Cannot assign requested address\)"):
+        listen(ServeConfig(host="203.0.113.5", port=0))
