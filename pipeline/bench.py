@@ -195,7 +195,7 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
         try:
             backend = opened[name, precision] = open_backend(run, name, precision, device)
         except BackendUnavailable as e:
-            rows += [Row(name, precision, b, "skipped", str(e), d) for b in settings.batches for d in decodings]
+            rows += [Row(name, precision, b, "skipped", decoding=d, reason=str(e)) for b in settings.batches for d in decodings]
             continue
         synchronize(device)
         load_s = time.perf_counter() - start
@@ -209,8 +209,8 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
                     row = Row(name, precision, batch, "ok", decoding=decoding, load_s=load_s,
                               warmup_s=time.perf_counter() - start, peak_memory_mib=device_memory_mib(device))
                 except Exception as e:  # one row failing (out of memory, a profile too small) keeps the others
-                    row = Row(name, precision, batch, "error", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}",
-                              decoding)
+                    row = Row(name, precision, batch, "error", decoding=decoding,
+                              reason=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 rows.append(row)
                 live += [row] if row.status == "ok" else []
     passes: dict[int, list] = {id(row): [] for row in live}
