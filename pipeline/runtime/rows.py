@@ -94,8 +94,7 @@ class RowTable:
     def clear(self) -> None:
         """Every row free (after a step failed)."""
         self.placed, self.column, self.sampled = [], 0, 0
-        for t in (self.positions_in, self.live, self.first_in):
-            t.zero_()
+        self.free(slice(None))
 
     def places(self, count: int) -> list[int]:
         """Cache rows for `count` joining prompts: free ones, the lowest first."""
@@ -155,13 +154,12 @@ class RowTable:
         if not self.placed:
             self.column = 0
 
-    def free(self, index: int) -> None:
-        """Cache row `index` computes for nothing from now on, at position 0, where `live` keeps it (a
-        fused chunk still advances it within the chunk): from a departed row's last position it could
-        pass the context."""
-        self.positions_in[index].zero_()
-        self.live[index].zero_()
-        self.first_in[index].zero_()
+    def free(self, index: int | slice) -> None:
+        """Cache row `index` (or rows) computes for nothing from now on, at position 0, where `live` keeps
+        it (a fused chunk still advances it within the chunk): from a departed row's last position it
+        could pass the context."""
+        for t in (self.positions_in, self.live, self.first_in):
+            t[index].zero_()
 
     def compact(self) -> None:
         """Free cache rows at the end are dropped; while the running rows would fit a smaller row bucket
