@@ -239,9 +239,9 @@ class RunDir:
         return {k: v["sha256"] for k, v in self.manifest()["artifacts"].items() if v.get("stage") == stage}
 
     def require_exported(self, precision: str, target: str = "portable") -> str:
-        """The sha256 of the target's <precision>/model.onnx, if it is the graph export wrote from the
-        checkpoint that is here now; else a UserError naming the file and what to rerun. A missing
-        graph is left to the caller to report."""
+        """The sha256 of the target's <precision>/model.onnx, if it (and its model.onnx.data, if any) is
+        the graph export wrote from the checkpoint that is here now; else a UserError naming the file
+        and what to rerun. A missing graph is left to the caller to report."""
         path = self.onnx(precision, target) / "model.onnx"
         if not path.exists():
             return ""
@@ -251,11 +251,13 @@ class RunDir:
             raise UserError(f"{path}: not recorded in {self.manifest_path} (an export that did not finish?){redo}")
         if entry.get("checkpoint") != self.artifact_hashes("finetune"):
             raise UserError(f"{path}: exported from another checkpoint than {self.checkpoint}{redo}")
-        recorded = manifest["artifacts"].get(path.relative_to(self.root).as_posix(), {}).get("sha256")
-        if recorded != sha256_file(path):
-            raise UserError(f"{path}: not the {precision} graph export wrote (its sha256 differs from "
-                            f"{self.manifest_path}){redo}")
-        return recorded
+        recorded = {}
+        for file in (path, path.with_name(path.name + ".data")):  # the weights of a graph over 2 GB: model.onnx.data
+            recorded[file] = manifest["artifacts"].get(file.relative_to(self.root).as_posix(), {}).get("sha256")
+            if (recorded[file] or file.exists()) and recorded[file] != (sha256_file(file) if file.exists() else None):
+                raise UserError(f"{file}: not the {precision} graph export wrote (its sha256 differs from "
+                                f"{self.manifest_path}){redo}")
+        return recorded[path]
 
     def is_fresh(self, stage: str, stage_fingerprint: str) -> bool:
         manifest = self.manifest()

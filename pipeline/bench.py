@@ -16,7 +16,6 @@ that round, so that a slow spell of the machine weighs on both sides of a ratio 
 from __future__ import annotations
 
 import gc
-import platform
 import statistics
 import time
 from collections.abc import Iterator
@@ -25,18 +24,17 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from pipeline.artifacts import RunDir, package_versions
+from pipeline.artifacts import RunDir
 from pipeline.bench_report import write_reports
 from pipeline.config import Config
 from pipeline.data import heldout_blocks, prepare_data
+from pipeline.machine import environment, model_description
 from pipeline.model import synchronize
 from pipeline.progress import progress
 from pipeline.runtime.backend import Backend, BackendUnavailable
 from pipeline.runtime.batch import Prompts
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.loader import open_backend
-from pipeline.runtime.portable.ort_backend import cpu_threads
-from pipeline.runtime.portable.ort_fused import CUDA_SESSION_CONFIG
 from pipeline.runtime.sampling import Sampling
 from pipeline.tokenizer import load_tokenizer
 
@@ -146,35 +144,6 @@ def rounds(items: list, repeats: int) -> Iterator:
         yield from items[shift:] + items[:shift]
 
 
-def environment(device: torch.device) -> dict:
-    env = {"python": platform.python_version(), "platform": platform.platform(), "device": str(device),
-           "packages": package_versions()}
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        env.update(gpu=props.name, compute_capability=f"{props.major}.{props.minor}",
-                   gpu_memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-            env.update(driver=pynvml.nvmlSystemGetDriverVersion(),
-                       sm_clock_mhz=pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-                       max_sm_clock_mhz=pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM))
-        except Exception as e:  # NVML is optional: without it the clocks are not readable
-            env["clocks"] = f"unreadable ({type(e).__name__})"
-    else:
-        env["cpu_threads"] = torch.get_num_threads()
-    try:  # the module imported, which the package list can misname (onnxruntime-gpu installs as onnxruntime)
-        import onnxruntime
-        env["onnxruntime"] = {"version": onnxruntime.__version__, "providers": onnxruntime.get_available_providers(),
-                              "intra_op_threads": cpu_threads()}
-        if device.type == "cuda":
-            env["onnxruntime"]["ort_fused_session_config"] = CUDA_SESSION_CONFIG
-    except ImportError:
-        pass
-    return env
-
-
 def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSettings) -> dict:
     tokenizer = load_tokenizer(run.checkpoint)
     splits = prepare_data(cfg, run, tokenizer)
@@ -227,7 +196,8 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
     opened.clear()
     add_speedups(rows, device)
     result = {"settings": {**asdict(settings), "pairs": [list(p) for p in settings.pairs]},
-              "environment": environment(device), "rows": [asdict(r) for r in rows]}
+              "model": model_description(run.checkpoint), "environment": environment(device),
+              "rows": [asdict(r) for r in rows]}
     write_reports(result, run)
     return result
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pipeline.artifacts import atomic_write_json, atomic_write_text
 from pipeline.errors import UserError
+from pipeline.machine import model_line
 from pipeline.progress import console
 
 REGRESSION = 0.10  # a row 10% slower than before is flagged
@@ -21,6 +22,7 @@ def markdown(result: dict) -> str:
     env, st = result["environment"], result["settings"]
     where = env.get("gpu", f"CPU ({env.get('cpu_threads')} threads)")
     lines = [f"# Benchmark: {where}", "",
+             *([f"model: {model_line(result['model'])}; CPU: {cpu_line(env['cpu'])}", ""] if "model" in result else []),
              f"prompt {st['prompt_tokens']} tokens, {st['new_tokens']} new tokens, {decodings(st)}; median of {st['repeats']} "
              f"interleaved passes, every figure of a row from the same passes (spread: max - min over the median; "
              f"noisy: the row's or its baseline's spread is over 15%, its ratio says little); "
@@ -42,6 +44,13 @@ def markdown(result: dict) -> str:
                      f"{_fmt(r.get('vs_greedy'), '.2f')} | "
                      f"{_fmt(r['peak_memory_mib'], ',.0f')} | {_fmt(r['load_s'], '.1f')} | {_fmt(r['warmup_s'], '.1f')} |")
     return "\n".join(lines) + "\n"
+
+
+def cpu_line(cpu: dict) -> str:
+    """`AMD EPYC 9654 (2 of 2 cores; avx2, avx512f, avx512_vnni)`: the int8 rows depend on the extensions."""
+    extensions = cpu["vector_extensions"]
+    return (f"{cpu['model']} ({cpu['usable_cores']} of {cpu['logical_cores']} cores; "
+            f"{', '.join(extensions) if isinstance(extensions, list) else extensions})")
 
 
 def decodings(settings: dict) -> str:

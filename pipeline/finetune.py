@@ -40,6 +40,7 @@ from pipeline.distributed import (
     ranks_from_env,
 )
 from pipeline.errors import Interrupted, UserError
+from pipeline.machine import cpu_description, shape_description
 from pipeline.model import load_gpt2, new_model, resolve_device, shape_of
 from pipeline.progress import console, progress_task
 from pipeline.tokenizer import embedded_gpt2_tokenizer
@@ -219,8 +220,10 @@ def _finetune(cfg: Config, run: RunDir, resume: bool, force: bool, on_step: Call
     final_loss = stepper.evaluate(_eval_batches(heldout_set, t.batch_size, FINAL_EVAL_BATCHES))
     evals.append({"step": step, "heldout_loss": final_loss, "final": True})
     tokens_per_s = timed_tokens / timed_seconds if timed_seconds else None
+    m = cfg.model
     report = {
-        "device": device_name, "precision": str(stepper.dtype or torch.float32).replace("torch.", ""),
+        "device": device_name, "model": shape_description(m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.n_positions),
+        "cpu": cpu_description(), "precision": str(stepper.dtype or torch.float32).replace("torch.", ""),
         "checkpointing": t.checkpointing, "compile": t.compile, "steps": step, "tokens_per_step": tokens_per_step,
         "parameters": n_params, "tokens_per_s": tokens_per_s, "ranks": ranks.world,
         "peak_memory_bytes": peak_memory_bytes(device),

@@ -227,7 +227,7 @@ def server_info(url: str) -> dict:
 def loadtest(settings: LoadSettings) -> dict:
     import torch
 
-    from pipeline.bench import environment
+    from pipeline.machine import environment
 
     server = server_info(settings.url)
     rng = random.Random(settings.seed)
@@ -298,9 +298,12 @@ def fmt(value, spec: str = ".1f") -> str:
 
 
 def markdown(result: dict) -> str:
+    from pipeline.machine import model_line
+
     st, server = result["settings"], result["server"]
     lines = [f"# Load test: {server['model']}, {server.get('backend', '?')} {server.get('precision', '?')} "
              f"on {server.get('device', '?')}", "",
+             *([f"model: {model_line(server['shape'])}", ""] if "shape" in server else []),
              f"{st['url']}; prompt ~{st['prompt_tokens']} tokens, {st['max_tokens']} new tokens"
              f"{' (EOS ignored)' if st['ignore_eos'] else ''}, spread {st['spread']}, {describe_sampling(st)}; "
              f"{st['duration_s']:g} s per level "

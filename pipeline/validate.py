@@ -17,6 +17,7 @@ from pipeline.artifacts import RunDir, atomic_write_json
 from pipeline.config import Config
 from pipeline.data import heldout_blocks, prepare_data
 from pipeline.errors import UserError
+from pipeline.machine import environment, model_description
 from pipeline.metrics import check, measure
 from pipeline.model import load_checkpoint
 from pipeline.progress import console, progress
@@ -58,7 +59,8 @@ def validate(cfg: Config, run: RunDir, device: torch.device, pairs: list[tuple[s
         metrics, failures = check(backend, reference, prompts, v.new_tokens, v.budgets[precision], blocks)
         rows.append(Row(name, precision, "fail" if failures else "pass", metrics=metrics, failures=failures))
         del backend
-    result = {"device": str(device), "reference": {"backend": "torch", "precision": "fp32",
+    result = {"device": str(device), "model": model_description(run.checkpoint), "environment": environment(device),
+              "reference": {"backend": "torch", "precision": "fp32",
                                                     "perplexity": reference["perplexity"]},
               "inputs": {"prompts": len(prompts), "prompt_tokens": v.prompt_tokens, "new_tokens": v.new_tokens,
                          "perplexity_blocks": v.perplexity_blocks, "perplexity_block_tokens": cfg.data.calib_block_size},

@@ -230,6 +230,7 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
     import torch
 
     from pipeline.artifacts import RunDir
+    from pipeline.machine import model_description
     from pipeline.runtime.scheduler import ContinuousScheduler, make_scheduler
     from pipeline.runtime.session import open_named_backend
 
@@ -248,7 +249,7 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
         results[0].send(("failed", str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"))
         return
     results[0].send(("ready", {"backend": backend.name, "precision": backend.precision, "device": str(backend.device),
-                               "context": backend.n_positions,
+                               "context": backend.n_positions, "shape": model_description(RunDir(spec.run).checkpoint),
                                "scheduler": "continuous" if isinstance(scheduler, ContinuousScheduler) else "serial"}))
     scheduler.serve()
 

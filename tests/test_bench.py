@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 from pipeline.bench import NOISY_SPREAD, Row, add_speedups, rounds, summarise_passes
 from pipeline.bench_report import compare
 from pipeline.cli import app
+from pipeline.model import load_checkpoint
 from tests.conftest import MICRO, copy_run
 
 runner = CliRunner()
@@ -44,7 +45,9 @@ def test_bench_writes_json_markdown_and_png(exported_run, tmp_path):
     skipped = [r for r in rows if r["status"] == "skipped"]
     assert skipped and all(r["reason"] and r["decoding"] == "greedy" and "greedy" != r["reason"] for r in skipped)  # say why
     assert bench["environment"]["device"] == "cpu" and "torch" in bench["environment"]["packages"]
+    assert bench["model"]["layers"] == 1 and bench["model"]["parameters"] == load_checkpoint(run.checkpoint).num_parameters()
     table = (run.reports / "bench.md").read_text()
+    assert f"model: custom, {bench['model']['parameters']:,} parameters (1 layer, 32 wide, 2 heads); CPU: " in table
     assert table.count("\n| ") == len(rows) + 1 and "| ort | int8-wo | 2 |" in table
     assert (run.reports / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -24,6 +24,9 @@ def test_finetune_learns_and_writes_a_loadable_checkpoint(micro_config, tmp_path
     saved = json.loads((run.reports / "finetune.json").read_text())
     assert saved["tokens_per_s"] > 0 and saved["peak_memory_bytes"] > 0 and "6N" in saved["mfu_formula"]
     assert [e["step"] for e in saved["heldout_loss"]] == [0, 10, 20, 30]
+    assert saved["model"] == {"preset": "custom", "parameters": model.num_parameters(), "layers": 1, "hidden": 32,
+                              "heads": 2, "head_size": 16, "vocab": 50257, "context": 64}
+    assert saved["cpu"]["logical_cores"] >= 1
     assert not run.train_state.exists()
     manifest = json.loads(run.manifest_path.read_text())
     assert "checkpoint/model.safetensors" in manifest["artifacts"] and "finetune" in manifest["stages"]

@@ -30,10 +30,12 @@ def test_a_sweep_measures_every_level_at_the_client(server, tmp_path):
         assert row["tokens_per_request"] == 6  # EOS ignored: every request its full length
         # chunks that arrive in one read share their time: on a CPU a micro model's may all be one read
         assert 0 < row["ttft_ms"]["p50"] <= row["e2e_ms"]["p50"] and row["itl_ms"]["p50"] >= 0 and row["tpot_ms"]["p50"] > 0
-    assert result["server"]["backend"] == "ort"
+    assert result["server"]["backend"] == "ort" and result["server"]["shape"]["hidden"] == 32
+    assert result["client"]["cpu"]["usable_cores"] >= 1
     write_reports(result, tmp_path)
     assert json.loads((tmp_path / "loadtest.json").read_text())["rows"] == result["rows"]
     assert (tmp_path / "loadtest.md").read_text().count("clients |") == 2
+    assert "model: custom, " in (tmp_path / "loadtest.md").read_text()
     assert (tmp_path / "loadtest.png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -30,6 +30,7 @@ def test_every_cpu_row_passes_and_the_rest_say_why(exported_run):
     assert not failed(result)
     saved = json.loads((run.reports / "validate.json").read_text())
     assert saved["reference"]["perplexity"] == pytest.approx(result["reference"]["perplexity"])
+    assert saved["model"]["layers"] == 1 and saved["environment"]["cpu"]["model"]
 
 
 def test_int8_calibrated_on_garbage_fails(exported_run, tmp_path):

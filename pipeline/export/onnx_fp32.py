@@ -77,8 +77,13 @@ def export_fp32(model: GPT2LMHeadModel, path: Path, opset: int) -> None:
         program = torch.onnx.export(WithKVCache(model).eval(), example_inputs(contract), dynamo=True, dynamic_shapes=shapes,
                                     opset_version=opset, input_names=contract.input_names,
                                     output_names=contract.output_names, optimize=True)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    program.save(str(path), external_data=weight_bytes > ONNX_PROTOBUF_LIMIT * 0.9)
+    program.save(str(path), external_data=needs_external_data(sum(p.numel() * p.element_size() for p in model.parameters())))
+
+
+def needs_external_data(weight_bytes: int) -> bool:
+    """Whether a graph with this many bytes of weights must keep them in `<graph>.data`: one protobuf
+    cannot exceed 2 GB, and the graph's own nodes need some of it."""
+    return weight_bytes > ONNX_PROTOBUF_LIMIT * 0.9
 
 
 def finish_graph(path: Path) -> onnx.ModelProto:

@@ -1,6 +1,7 @@
 """The ort target: graphs written op by op in ONNX Runtime's fused operators, one folder per
 precision that onnxruntime-genai loads as it is, checked against PyTorch like the portable ones."""
 
+import copy
 import json
 
 import onnx
@@ -8,13 +9,16 @@ import pytest
 import torch
 
 from pipeline.contract import ORT, Contract, check_graph
+from pipeline.errors import UserError
 from pipeline.export.genai_config import CONFIG_FILE, TOKENIZER_FILES
 from pipeline.export.ort_graph import ORT_GRAPHS
+from pipeline.export.stage import export
 from pipeline.model import load_checkpoint
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.loader import open_backend
 from pipeline.runtime.portable.torch_eager import TorchEagerBackend
 from pipeline.runtime.sampling import Sampling
+from tests.conftest import copy_run
 
 CPU = torch.device("cpu")
 PROMPT = [464, 2068, 7586, 21831, 18045, 625, 262, 16931]
@@ -77,3 +81,27 @@ def test_onnxruntime_genai_generates_our_greedy_tokens_from_the_folder_as_is(exp
     rows = [PROMPT, PROMPT[::-1]]
     via_backend = Generator(open_backend(run, "ort-genai", "fp32", CPU)).generate(rows, Sampling(max_new_tokens=8))
     assert via_backend == Generator(open_backend(run, "ort-fused", "fp32", CPU)).generate(rows, Sampling(max_new_tokens=8))
+
+
+def test_a_graph_past_the_protobuf_limit_keeps_its_weights_beside_it_checked_and_loaded(exported_run, tmp_path,
+                                                                                        monkeypatch):
+    """gpt2-xl's fp16 graph is 3.1 GB: over protobuf's 2 GB its weights go to model.onnx.data. The
+    limit lowered to 1 KB sends this micro model down the same path: written, checked for parity,
+    hashed (the .data file too), loaded, and a changed .data file refused."""
+    cfg, run, _ = exported_run
+    run = copy_run(run, tmp_path / "run")
+    monkeypatch.setattr("pipeline.export.onnx_fp32.ONNX_PROTOBUF_LIMIT", 1024)
+    cfg = copy.deepcopy(cfg)
+    cfg.export.targets = [ORT]
+    export(cfg, run, ["fp16"], force=True)
+    folder = run.onnx("fp16", ORT)
+    data = folder / "model.onnx.data"
+    assert data.stat().st_size > (folder / "model.onnx").stat().st_size
+    assert "onnx-ort/fp16/model.onnx.data" in json.loads(run.manifest_path.read_text())["artifacts"]
+    eager = Generator(TorchEagerBackend(load_checkpoint(run.checkpoint))).generate([PROMPT], Sampling(max_new_tokens=8))
+    assert Generator(open_backend(run, "ort-fused", "fp16", CPU)).generate([PROMPT], Sampling(max_new_tokens=8)) == eager
+    with data.open("r+b") as f:
+        f.seek(100)
+        f.write(b"\x01\x02")
+    with pytest.raises(UserError, match=r"model\.onnx\.data: not the fp16 graph export wrote"):
+        open_backend(run, "ort-fused", "fp16", CPU)

@@ -54,6 +54,17 @@ def test_decode_step_matches_static_gpt2(model, precision, budget, rows):
     assert compare_logits(fused, reference)["rel_error"] < budget
 
 
+def test_an_odd_head_count_and_widths_no_tile_divides_match_static_gpt2():
+    """25 heads as gpt2-xl has, 200 wide: the residual products' K (200, 800) is no multiple of the
+    128-wide tile, so the chooser's narrower tiles run (800 in 5 K slices of 32-wide tiles, 200
+    unsplit and masked) in the tensor-core tiles several rows take. (Interpreted: 2 rows, 5 tokens.)"""
+    torch.manual_seed(1)
+    odd = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=25, n_embd=200, n_positions=64, vocab_size=256)).eval()
+    batch = left_pad([[5, 6, 7], [8, 9]], 0, torch.device("cpu"))
+    reference = decode_logits(TorchCompiledBackend(odd, "fp32", "cpu", compile=False), batch)
+    assert compare_logits(decode_logits(TritonBackend(odd, "fp32", "cpu"), batch), reference)["rel_error"] < 1e-5
+
+
 def test_greedy_generation_matches(model):
     s = Sampling(max_new_tokens=6)
     reference = Generator(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0).generate(PROMPTS, s)

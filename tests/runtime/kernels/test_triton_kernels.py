@@ -1,0 +1,40 @@
+"""The decode kernels' tile chooser: a valid configuration for every GPT-2 shape and batch, tuned
+or not (the kernels themselves run against PyTorch in tests/runtime/static/test_triton_backend.py)."""
+
+import pytest
+
+from pipeline.config import PRESETS, load_config
+
+pytest.importorskip("triton")
+from pipeline.runtime.kernels.triton_kernels import attention_config, linear_config  # noqa: E402
+
+
+def step_products(n_embd: int, vocab: int) -> list[tuple[int, int, bool]]:
+    """A decode step's linears as (n, k, residual): QKV, attention out, fc, fc out, the LM head."""
+    return [(3 * n_embd, n_embd, False), (n_embd, n_embd, True), (4 * n_embd, n_embd, False),
+            (n_embd, 4 * n_embd, True), (vocab, n_embd, False)]
+
+
+@pytest.mark.parametrize("preset", [*PRESETS, "25-heads-of-16"])
+def test_every_shape_and_batch_gets_a_configuration_its_kernel_takes(preset):
+    """gpt2-xl's 1,600-wide rows are no multiple of the 128-wide K tile: the chooser once found no
+    split there and raised at batch 8 and 64. Whatever it picks must be a split the kernel accepts."""
+    model = load_config(preset).model if preset in PRESETS else load_config("tiny", overrides=["model.n_embd=400",
+                                                                                                "model.n_head=25"]).model
+    for rows in range(1, 65):
+        for n, k, residual in step_products(model.n_embd, model.vocab_size):
+            cfg = linear_config(rows, n, k, residual)
+            assert cfg.block_n > 0 and cfg.split_k >= 1
+            if cfg.split_k > 1:
+                assert residual
+                step = 1 if cfg.block_m == 1 else cfg.block_k
+                assert k % (cfg.split_k * step) == 0, (rows, n, k, cfg)
+        assert attention_config(rows).splits >= 1
+
+
+def test_the_124m_shape_keeps_its_measured_tiles_and_gpt2_xl_takes_narrower_ones():
+    """The tuned shape's residual splits are the ones the H200 sweeps chose (docs/decode_notes_h200.md);
+    1,600 is cut into 64-wide tiles."""
+    assert (linear_config(64, 768, 768, True).block_k, linear_config(64, 768, 768, True).split_k) == (128, 6)
+    assert (linear_config(64, 768, 3072, True).block_k, linear_config(64, 768, 3072, True).split_k) == (128, 8)
+    assert linear_config(8, 768, 1600, True).split_k == 5 and linear_config(8, 768, 1600, True).block_k == 64
