@@ -110,6 +110,7 @@ class ServeConfig:
     timeout_s: float = 120.0  # a request still running after this is stopped (504)
     max_body: int = 1 << 20  # request bodies over this many bytes get 413
     body_timeout_s: float = 10.0  # a body whose next part takes longer than this to arrive gets 408
+    header_timeout_s: float = 10.0  # a request line and headers not whole this long after they began: 408, closed
     drain_s: float = 30.0  # on SIGTERM, how long requests in flight may still run before the server exits
     # HTTP processes in front of the one engine; 0: 8 with a GPU, at most half the cores (one event loop
     # was the limit there, docs/performance.md), 1 on a CPU
@@ -353,7 +354,7 @@ def validate_config(cfg: Config) -> None:
         (sv.http_processes >= 0, f"serve.http_processes {sv.http_processes}: use 0 (by the device) or more"),
         (sv.timeout_s > 0 and sv.drain_s >= 0, "serve.timeout_s must be positive and serve.drain_s not negative"),
         (sv.max_body >= 1024, "serve.max_body must be at least 1024 bytes"),
-        (sv.body_timeout_s > 0, "serve.body_timeout_s must be positive"),
+        (sv.body_timeout_s > 0 and sv.header_timeout_s > 0, "serve.body_timeout_s and header_timeout_s must be positive"),
     ]
     for name, b in v.budgets.items():
         checks.append((b.max_rel_error >= 0 and b.max_perplexity_change >= 0 and 0 <= b.min_top1_clear <= 1

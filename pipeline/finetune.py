@@ -92,7 +92,11 @@ def _ignore_stop_signals(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+@contextlib.contextmanager
 def _loader(dataset: PackedBlocks, cfg: Config, device: torch.device, start: int, ranks: Ranks):
+    """The training batches from `start` on; its worker processes end with the block, also when an
+    exception leaves it: they ignore SIGTERM (_ignore_stop_signals), so the exit's terminate() could not
+    end them, and the exit waited on them for ever."""
     t = cfg.train
     sampler = ResumableSampler(len(dataset), t.seed, start, ranks.rank, ranks.world, t.batch_size)
     # its own generator: worker seeding must not draw from the global RNG that dropout uses,
@@ -101,7 +105,12 @@ def _loader(dataset: PackedBlocks, cfg: Config, device: torch.device, start: int
                         num_workers=t.num_workers, pin_memory=device.type == "cuda",
                         persistent_workers=t.num_workers > 0, generator=torch.Generator().manual_seed(t.seed),
                         worker_init_fn=_ignore_stop_signals if t.num_workers > 0 else None)
-    return iter(loader)
+    batches = iter(loader)
+    try:
+        yield batches
+    finally:
+        if t.num_workers > 0:
+            batches._shutdown_workers()  # what the iterator's __del__ does; a traceback's frames keep it alive
 
 
 def _eval_batches(dataset: PackedBlocks, batch_size: int, limit: int):
@@ -115,12 +124,12 @@ def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False
     Under torchrun every rank runs this (pipeline.distributed); rank 0 writes what lands."""
     ranks = ranks_from_env()
     device = rank_device(resolve_device(cfg.train.device), ranks)
-    with process_group(ranks, device, cfg.train.sharded):
-        return _finetune(cfg, run, resume, force, on_step, ranks, device)
+    with process_group(ranks, device, cfg.train.sharded), contextlib.ExitStack() as cleanup:
+        return _finetune(cfg, run, resume, force, on_step, ranks, device, cleanup)
 
 
 def _finetune(cfg: Config, run: RunDir, resume: bool, force: bool, on_step: Callable[[int], None] | None,
-              ranks: Ranks, device: torch.device) -> dict:
+              ranks: Ranks, device: torch.device, cleanup: contextlib.ExitStack) -> dict:
     tokenizer = embedded_gpt2_tokenizer()
     if ranks.main:  # the data is prepared once; the other ranks then read it
         run.ensure_writable()
@@ -157,7 +166,7 @@ def _finetune(cfg: Config, run: RunDir, resume: bool, force: bool, on_step: Call
 
     train_set = PackedBlocks(splits.train, cfg.data.block_size)
     heldout_set = PackedBlocks(splits.heldout, cfg.data.block_size)
-    batches = _loader(train_set, cfg, device, samples, ranks)
+    batches = cleanup.enter_context(_loader(train_set, cfg, device, samples, ranks))
     samples_per_step = t.batch_size * t.grad_accum * ranks.world  # all ranks: the global batch
     tokens_per_step = samples_per_step * cfg.data.block_size
     n_params = sum(p.numel() for p in model.parameters())
@@ -177,13 +186,17 @@ def _finetune(cfg: Config, run: RunDir, resume: bool, force: bool, on_step: Call
             shutil.rmtree(saving, ignore_errors=True)  # what a killed save left
             saving.mkdir(parents=True)
         barrier(ranks)
-        if stepper.sharded:
-            stepper.save_shards(saving / SHARDS)
-        if ranks.main:
-            torch.save({"fingerprint": stage_fp, "stepper": stepper.state(), "step": step, "samples": samples,
-                        "history": history, "evals": evals, "rng": _rng_state(), "world": ranks.world,
-                        "sharded": stepper.sharded}, saving / STATE_FILE)
-            replace_dir(saving, run.train_state)
+        try:
+            if stepper.sharded:
+                stepper.save_shards(saving / SHARDS)
+            if ranks.main:
+                torch.save({"fingerprint": stage_fp, "stepper": stepper.state(), "step": step, "samples": samples,
+                            "history": history, "evals": evals, "rng": _rng_state(), "world": ranks.world,
+                            "sharded": stepper.sharded}, saving / STATE_FILE)
+                replace_dir(saving, run.train_state)
+        except BaseException:  # a full disk: the part written goes, so that it does not hold the space
+            shutil.rmtree(saving, ignore_errors=True)
+            raise
         barrier(ranks)
 
     timed_tokens, timed_seconds = 0, 0.0

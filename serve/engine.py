@@ -10,6 +10,7 @@ the scheduler stepped, where item is a step's tokens, "started" (the job left th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import multiprocessing
@@ -21,10 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import connection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.errors import UserError
 from pipeline.runtime.jobs import InboxClosed, Job
 from pipeline.runtime.sampling import Sampling
+
+if TYPE_CHECKING:  # the engine alone loads the model that scores
+    from pipeline.runtime.scoring import Scorer
 
 START_TIMEOUT_S = 900  # the child opens the backend and captures every graph before it answers
 
@@ -75,6 +80,24 @@ class RemoteJob:
                 self.send(("end", self.id, prompt))
 
 
+@contextlib.contextmanager
+def stop_signals_held():
+    """SIGINT and SIGTERM held back until the block ends, then acted on as they would have been: a stop
+    raised inside Process.start() cut the child's arguments short, and the child printed a traceback."""
+    heard: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    previous = {sig: signal.signal(sig, lambda sig, _: heard.append(sig)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for sig in heard:
+        signal.raise_signal(sig)
+
+
 class EngineProcess:
     """Starts the engine process with one channel (a command pipe and a result pipe) per HTTP process
     and waits until it is ready: backend open, every graph captured. `channels[i]` is HTTP process
@@ -92,14 +115,16 @@ class EngineProcess:
             child_ends.append((commands_in, results_out))
         self.process = context.Process(target=engine_main, args=(spec, pad_id, child_ends), name="engine", daemon=True)
         started = time.perf_counter()
-        self.process.start()
-        for ends in child_ends:
-            for end in ends:
-                end.close()
         try:
+            with stop_signals_held():
+                self.process.start()
+            for ends in child_ends:
+                for end in ends:
+                    end.close()
             self.info = {**self.wait_ready(), "startup_s": round(time.perf_counter() - started, 3)}
         except BaseException:  # a failed start, or Ctrl-C during it: the engine ignores SIGINT and SIGTERM
-            self.process.kill()
+            if self.process.pid is not None:
+                self.process.kill()
             raise
 
     def wait_ready(self) -> dict:
@@ -173,6 +198,16 @@ class EngineClient:
             self.alive = False
 
     def submit(self, prompts: list[list[int]], sampling: Sampling, deliver: Callable[[object], None]) -> RemoteJob:
+        """A generation job: `deliver` gets each step's tokens, then None or the exception that ended it."""
+        return self.enqueue(prompts, sampling, deliver, ("submit", sampling))
+
+    def score(self, sequences: list[list[int]], starts: list[int], top: int, deliver: Callable[[object], None]) -> RemoteJob:
+        """A scoring job (pipeline.runtime.scoring): `deliver` gets a tuple of Scores, one per sequence, or
+        the exception. The engine runs it between two steps of the batch."""
+        return self.enqueue(sequences, None, deliver, ("score", starts, top))
+
+    def enqueue(self, prompts: list[list[int]], sampling: Sampling | None, deliver: Callable[[object], None],
+                message: tuple) -> RemoteJob:
         if not self.alive:
             raise EngineStopped("the engine process has stopped; the server is stopping")
         with self.waiting.get_lock():
@@ -182,7 +217,7 @@ class EngineClient:
         job = RemoteJob(next(self.ids), prompts, sampling, deliver, self.send)
         self.jobs[job.id], self.unstarted = job, self.unstarted + 1
         self.report_load()
-        self.send(("submit", job.id, prompts, sampling))
+        self.send((message[0], job.id, prompts, *message[1:]))
         if not self.alive:  # it never reached the engine
             self.arrive(job.id, EngineStopped("the engine process has stopped; the server is stopping"))
             raise EngineStopped("the engine process has stopped; the server is stopping")
@@ -231,7 +266,9 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
 
     from pipeline.artifacts import RunDir
     from pipeline.machine import model_description
+    from pipeline.model import load_checkpoint
     from pipeline.runtime.scheduler import ContinuousScheduler, make_scheduler
+    from pipeline.runtime.scoring import Scorer
     from pipeline.runtime.session import open_named_backend
 
     # the parent decides when the engine stops (it drains first): a Ctrl-C or SIGTERM sent to the whole
@@ -242,9 +279,12 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
     try:
         backend = open_named_backend(RunDir(spec.run), spec.backend, spec.precision, torch.device(spec.device))
         outbox = Outbox(results)
+        # the served precision's float type: what a GPU's fp16 and int8 backends compute their activations in
+        half = torch.device(spec.device).type == "cuda" and backend.precision != "fp32"
+        scorer = Scorer(load_checkpoint(RunDir(spec.run).checkpoint), backend.device, torch.float16 if half else torch.float32)
         # the HTTP processes cap the queue (EngineClient): the engine takes whatever it is sent
         scheduler = make_scheduler(backend, pad_id, spec.max_rows, spec.continuous, outbox.flush,
-                                   Commands([c for c, _ in channels], outbox))
+                                   Commands([c for c, _ in channels], outbox, scorer))
     except Exception as e:  # a UserError names the option; anything else says what it was
         results[0].send(("failed", str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"))
         return
@@ -259,9 +299,9 @@ class Commands:
     thread between its steps. Jobs are told apart by (channel, id). A thread of their own handed each
     job over with a wake-up: 0.13-0.21 ms of a lone request's path, 0.07 now (docs/performance.md)."""
 
-    def __init__(self, pipes: list, outbox: Outbox):
+    def __init__(self, pipes: list, outbox: Outbox, scorer: Scorer):
         self.open = {commands: index for index, commands in enumerate(pipes)}
-        self.outbox = outbox
+        self.outbox, self.scorer = outbox, scorer
         self.jobs: dict[tuple[int, int], Job] = {}
 
     def take(self, wait: bool) -> list[Job]:
@@ -290,7 +330,14 @@ class Commands:
                     job.cancelled.set()
             return
         key = (channel, message[1])
-        if message[0] == "submit":
+        if message[0] == "score":  # on the scheduler's thread, between two steps: the batch waits for it
+            _, _, sequences, starts, top = message
+            try:
+                self.outbox.put(key, tuple(self.scorer.score(sequences, starts, top)))
+            except Exception as e:  # noqa: BLE001 - the request gets it; the engine goes on
+                self.outbox.put(key, e)
+            self.outbox.flush()
+        elif message[0] == "submit":
             _, _, prompts, sampling = message
             job = self.jobs[key] = Job(prompts, sampling, self.outbox.deliverer(key, self.jobs))
             job.on_start = functools.partial(self.outbox.put, key, "started")

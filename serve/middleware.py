@@ -1,12 +1,15 @@
-"""ASGI middleware in front of the routes: the body size cap and read timeout, and admission while
-draining."""
+"""In front of the routes: the request head's read timeout (in uvicorn's HTTP protocol), and ASGI
+middleware for the body size cap and read timeout, and admission while draining."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 
-from serve.errors import error
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from serve.errors import error, error_body
 
 # the routes that start generation: these count as in flight, and are refused while draining
 WORK = frozenset({"/generate", "/batch_generate", "/v1/completions"})
@@ -80,3 +83,52 @@ class Admission:
             await self.app(scope, receive, send)
         finally:
             self.in_flight -= 1
+
+
+class HeadTimeout(HttpToolsProtocol):
+    """uvicorn's httptools protocol that answers 408 and closes a connection whose request line and
+    headers have not arrived whole `timeout_s` after the connection opened or the request began:
+    uvicorn has no such limit, and a client sending a header byte a second held its connection (and a
+    drain) for as long as it liked. Between requests uvicorn's keep-alive timeout does the same."""
+    timeout_s = 10.0
+    head_timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def after(cls, timeout_s: float) -> type[HeadTimeout]:
+        """The protocol class uvicorn is given (it makes one instance per connection)."""
+        return type(cls.__name__, (cls,), {"timeout_s": timeout_s})
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)
+        self.start_head_timer()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.start_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self.stop_head_timer()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.stop_head_timer()
+        super().connection_lost(exc)
+
+    def start_head_timer(self) -> None:
+        if self.head_timer is None:
+            self.head_timer = self.loop.call_later(self.timeout_s, self.head_too_slow)
+
+    def stop_head_timer(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def head_too_slow(self) -> None:
+        self.head_timer = None
+        if self.transport.is_closing():
+            return
+        body = json.dumps(error_body(f"the request line and headers did not arrive whole within {self.timeout_s:g} s; "
+                                     "send them at once")).encode()
+        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        self.transport.close()

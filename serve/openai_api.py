@@ -5,11 +5,13 @@
                            stream (+ stream_options.include_usage), echo, presence_penalty,
                            frequency_penalty; vLLM's extensions top_k, repetition_penalty, ignore_eos
                            and stream_options.continuous_usage_stats.
-                           Ranges as vLLM checks them; n choices per prompt. logprobs are not
-                           offered yet (the batched decode keeps no per-token log-probabilities).
+                           Ranges as vLLM checks them; n choices per prompt; logprobs (the
+                           top 0-20 alternatives of each token, and the token's own), with echo
+                           the prompt's too; echo with max_tokens 0 scores a prompt.
 
 Streaming sends `data: {...}` chunks (each prompt's new text, its finish_reason on the last),
-then `data: [DONE]`."""
+then `data: [DONE]`. Log-probabilities are computed once a choice is whole (scoring.py), so a
+stream that asks for them sends each choice in one chunk at its end."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.errors import UserError
 from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.scoring import MAX_TOP, Scores
 from serve.errors import UnknownModel, stream_error
 from serve.streaming import Completion, Hub
 
@@ -41,7 +44,7 @@ class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     model: str
     prompt: str | list[str]
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: int = Field(16, ge=0)  # 0: no new tokens (with echo: score the prompt)
     temperature: float = Field(1.0, ge=0, le=2)  # 0 = greedy
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)  # -1 or 0 = every token
@@ -54,7 +57,7 @@ class CompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     echo: bool = False
     n: int = Field(1, ge=1)  # choices per prompt: each a row of its own, drawn on its own stream
-    logprobs: int | None = Field(None, ge=0, le=5)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP)
     ignore_eos: bool = False
     user: str | None = None
 
@@ -68,7 +71,8 @@ class CompletionRequest(BaseModel):
         return stops
 
     def sampling(self, eos: int) -> Sampling:
-        return Sampling(max_new_tokens=self.max_tokens, do_sample=self.temperature > 0,
+        """The sampling of the generated tokens (at least one: max_tokens 0 generates nothing, see completions)."""
+        return Sampling(max_new_tokens=max(self.max_tokens, 1), do_sample=self.temperature > 0,
                         temperature=self.temperature or 1.0, top_k=max(self.top_k, 0), top_p=self.top_p,
                         repetition_penalty=self.repetition_penalty,
                         presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty, seed=self.seed,
@@ -87,42 +91,93 @@ def openai_routes(hub: Hub, model_name: str, created: int) -> APIRouter:
     async def completions(req: CompletionRequest, request: Request):
         if req.model != model_name:
             raise UnknownModel(f"The model `{req.model}` does not exist; this server serves `{model_name}` (GET /v1/models)")
-        if req.logprobs is not None:
-            raise UserError("logprobs: this server does not return log-probabilities; leave logprobs out")
+        if req.max_tokens == 0 and not req.echo:
+            raise UserError("max_tokens: 0 generates nothing; give at least 1, or echo true to score the prompt",
+                            param="max_tokens")
         sampling, stops, prompts = req.sampling(hub.eos), req.stops(), req.prompts()
         if len(prompts) * req.n > hub.max_prompts:
             raise UserError(f"n: {req.n} choices for each of {len(prompts)} prompts exceed the {hub.max_prompts} rows "
                             "this server runs for one request; lower n or send fewer prompts", param="n")
-        ids = await hub.tokenize(prompts, sampling, "max_tokens")
+        ids = await hub.tokenize(prompts, sampling, "max_tokens", new_tokens=req.max_tokens)
         # the choices of a prompt are rows of their own, in OpenAI's order (prompt by prompt): each row of a
         # request draws on a stream of its own, so sampled choices differ and a seed repeats them all
-        completion = hub.start([p for p in ids for _ in range(req.n)], sampling, stops)
-        reply = Reply(completion, model_name, [p for p in prompts for _ in range(req.n)] if req.echo else None, req.n)
+        rows = [p for p in ids for _ in range(req.n)]
+        completion = hub.start(rows, sampling, stops) if req.max_tokens else None
+        reply = Reply(hub, completion, model_name, rows, [p for p in prompts for _ in range(req.n)] if req.echo else None,
+                      req.n, req.logprobs)
         if req.stream:
             options = req.stream_options or StreamOptions()
-            return StreamingResponse(reply.chunks(options), media_type="text/event-stream")
-        async for _ in completion.run(request):
-            pass
-        return reply.body([{"index": i, "text": reply.echoed(i) + row.text, "logprobs": None,
-                            "finish_reason": row.finish} for i, row in enumerate(completion.rows)], usage=True)
+            chunks = reply.chunks(options) if req.logprobs is None and completion else reply.whole_chunks(options)
+            return StreamingResponse(chunks, media_type="text/event-stream")
+        if completion:
+            async for _ in completion.run(request):
+                pass
+        return reply.body(await reply.choices(), usage=True)
 
     return router
 
 
 class Reply:
-    """The completion's response bodies: whole, or as a stream of chunks."""
+    """The completion's response bodies: whole, or as a stream of chunks. completion is None for a
+    request that generates nothing (echo with max_tokens 0)."""
 
-    def __init__(self, completion: Completion, model: str, echo: list[str] | None, n: int = 1):
-        self.completion, self.model, self.echo, self.n = completion, model, echo, n
+    def __init__(self, hub: Hub, completion: Completion | None, model: str, prompts: list[list[int]],
+                 echo: list[str] | None, n: int = 1, logprobs: int | None = None):
+        self.hub, self.completion, self.model, self.prompts, self.echo, self.n = hub, completion, model, prompts, echo, n
+        self.logprobs = logprobs
         self.id, self.created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
     def echoed(self, index: int) -> str:
         return self.echo[index] if self.echo else ""
 
     def usage(self) -> dict:
-        generated = self.completion.generated_tokens
-        prompt = self.completion.prompt_tokens // self.n  # each prompt counted once, as OpenAI counts it
+        generated = self.completion.generated_tokens if self.completion else 0
+        prompt = sum(map(len, self.prompts)) // self.n  # each prompt counted once, as OpenAI counts it
         return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+
+    async def choices(self) -> list[dict]:
+        """Every choice whole, with its log-probabilities where asked (once the completion has run)."""
+        outputs = self.completion.rows if self.completion else [None] * len(self.prompts)
+        generated = [row.scored_tokens() if row else [] for row in outputs]
+        logprobs = [None] * len(outputs)
+        if self.logprobs is not None:
+            sequences = [p + g for p, g in zip(self.prompts, generated)]
+            starts = [1 if self.echo else len(p) for p in self.prompts]
+            scores = await self.hub.score(sequences, starts, self.logprobs)
+            logprobs = [self.logprobs_of(i, seq, start, s) for i, (seq, start, s) in enumerate(zip(sequences, starts, scores))]
+        return [{"index": i, "text": self.echoed(i) + (row.text if row else ""), "logprobs": logprobs[i],
+                 "finish_reason": row.finish if row else "length"} for i, row in enumerate(outputs)]
+
+    def logprobs_of(self, index: int, sequence: list[int], start: int, scores: Scores) -> dict:
+        """OpenAI's logprobs object of one choice: its tokens (with echo the prompt's, the first of which
+        has nothing before it to be scored by), each one's log-probability, its top alternatives (and
+        itself, as OpenAI always includes the chosen token), and where each starts in prompt + text."""
+        decode = self.hub.tokenizer.decode
+        tokens = [decode([t]) for t in sequence[0 if self.echo else start:]]
+        offsets, offset = [], 0 if self.echo else len(decode(self.prompts[index]))
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        unscored = [None] if self.echo else []
+        top = [{**{decode([t]): v for t, v in alternatives}, decode([chosen]): value}
+               for chosen, value, alternatives in zip(sequence[start:], scores.token_logprobs, scores.top)]
+        return {"tokens": tokens, "token_logprobs": unscored + scores.token_logprobs, "top_logprobs": unscored + top,
+                "text_offset": offsets}
+
+    async def whole_chunks(self, options: StreamOptions) -> AsyncIterator[bytes]:
+        """A stream whose choices go whole, one chunk each at the end (log-probabilities are scored on
+        whole choices; max_tokens 0 has nothing to wait for), then the usage if asked, then [DONE]."""
+        try:
+            if self.completion:
+                async for _ in self.completion.run(None):
+                    pass
+            body = b"".join(self.chunk([choice], options.continuous_usage_stats) for choice in await self.choices())
+        except Exception as e:  # the reply has started: the error goes as a chunk, then [DONE]
+            body = f"data: {json.dumps(stream_error(e))}\n\n".encode()
+        else:
+            if options.include_usage:
+                body += self.chunk([], True)
+        yield body + b"data: [DONE]\n\n"
 
     def body(self, choices: list[dict], usage: bool) -> dict:
         body = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,

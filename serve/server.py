@@ -35,6 +35,7 @@ from pipeline.config import ServeConfig
 from pipeline.errors import Interrupted, UserError
 from serve.app import Service, create_service
 from serve.engine import EngineProcess
+from serve.middleware import HeadTimeout
 
 # 64 streaming clients on a 16-core H200 machine: 4 -> 8 processes took 86,696 -> 88,421 tokens/s and the
 # inter-token latency p50 1.02 -> 0.76 ms, each process relaying its streams in smaller bunches (docs/performance.md)
@@ -148,7 +149,8 @@ def run_http(service: Service, settings: ServeConfig, sock: socket.socket,
              orders: c_int | None = None, heard: list[int] | None = None) -> int:
     """Serve until stopped -> the exit code: 1 where the engine process stopped under it."""
     config = uvicorn.Config(service.asgi, host=settings.host, port=settings.port, log_level="warning",
-                            timeout_graceful_shutdown=FORCED_CLOSE_S, backlog=BACKLOG)
+                            timeout_graceful_shutdown=FORCED_CLOSE_S, backlog=BACKLOG,
+                            http=HeadTimeout.after(settings.header_timeout_s))
     server = DrainingServer(config, service, settings.drain_s, orders, heard)
     try:
         server.run(sockets=[sock])

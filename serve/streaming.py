@@ -13,6 +13,7 @@ from fastapi import Request
 from pipeline.errors import UserError
 from pipeline.runtime.generate import check_length
 from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.scoring import Scores
 from pipeline.tokenizer import TextStream, encode, token_bytes
 from serve.engine import EngineClient
 from serve.errors import TimedOut
@@ -61,6 +62,11 @@ class RowOutput:
         end = len(self.text) if self.finish else max(self.sent_text, len(self.text) - self.hold)
         text, self.sent_text = self.text[self.sent_text:end], end
         return text
+
+    def scored_tokens(self) -> list[int]:
+        """The tokens its text came from: a stop token that ended it is not part of the text."""
+        stopped = self.finish == "stop" and self.tokens and self.tokens[-1] in self.stop_tokens
+        return self.tokens[:-1] if stopped else self.tokens
 
     def new_tokens(self) -> list[int]:
         tokens, self.sent_tokens = self.tokens[self.sent_tokens:], len(self.tokens)
@@ -171,15 +177,16 @@ class Hub:
     def eos(self) -> int:
         return self.tokenizer.eos_token_id
 
-    async def tokenize(self, texts: list[str], sampling: Sampling, length_option: str) -> list[list[int]]:
+    async def tokenize(self, texts: list[str], sampling: Sampling, length_option: str,
+                       new_tokens: int | None = None) -> list[list[int]]:
         """`encode`, on the event loop for short prompts, on a worker thread for long ones."""
         if sum(map(len, texts)) <= INLINE_CHARS:
-            return self.encode(texts, sampling, length_option)
-        return await asyncio.to_thread(self.encode, texts, sampling, length_option)
+            return self.encode(texts, sampling, length_option, new_tokens)
+        return await asyncio.to_thread(self.encode, texts, sampling, length_option, new_tokens)
 
-    def encode(self, texts: list[str], sampling: Sampling, length_option: str) -> list[list[int]]:
-        """The prompts' tokens, checked with the sampling (count, empty prompts, context), or a
-        UserError naming what to change."""
+    def encode(self, texts: list[str], sampling: Sampling, length_option: str, new_tokens: int | None = None) -> list[list[int]]:
+        """The prompts' tokens, checked with the sampling (count, empty prompts, context: the prompt and
+        new_tokens, sampling's max_new_tokens unless given), or a UserError naming what to change."""
         if not 1 <= len(texts) <= self.max_prompts:
             raise UserError(f"prompt: give 1 to {self.max_prompts} prompts")
         sampling.check()
@@ -187,8 +194,21 @@ class Hub:
         for i, p in enumerate(ids):
             if not p:
                 raise UserError(f"prompt {i} is empty")
-        check_length(max(map(len, ids)), sampling.max_new_tokens, self.context, length_option)
+        check_length(max(map(len, ids)), sampling.max_new_tokens if new_tokens is None else new_tokens, self.context,
+                     length_option)
         return ids
 
     def start(self, prompts: list[list[int]], sampling: Sampling, stop: tuple[str, ...] = ()) -> Completion:
         return Completion(self, prompts, sampling, stop)
+
+    async def score(self, sequences: list[list[int]], starts: list[int], top: int) -> list[Scores]:
+        """Each sequence's log-probabilities from its start on (pipeline.runtime.scoring), computed by the engine."""
+        arrived = asyncio.get_running_loop().create_future()
+        self.engine.score(sequences, starts, top, lambda item: arrived.done() or arrived.set_result(item))
+        try:
+            item = await asyncio.wait_for(arrived, self.timeout_s)
+        except TimeoutError:
+            raise TimedOut(f"scoring ran past the server's limit of {self.timeout_s:g} s") from None
+        if isinstance(item, Exception):
+            raise item
+        return list(item)

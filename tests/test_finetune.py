@@ -165,3 +165,42 @@ def test_sigterm_to_the_process_group_saves_the_state_and_exits_143(corpus_file,
     assert "state saved" in out and "Traceback" not in out
     state = torch.load(tmp_path / "run" / "train_state" / "state.pt", weights_only=True)
     assert state["step"] > 0
+
+
+def test_a_failed_state_save_leaves_no_part_and_no_worker(micro_config, tmp_path, monkeypatch):
+    """The disk fills during a state save: the part written is removed (it held the space), the error
+    goes up, and the DataLoader's worker has ended (it ignores SIGTERM, so the exit waited on it)."""
+    import errno
+    import multiprocessing
+
+    def full_disk(obj, path, *args, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"\0" * 4096)
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr("pipeline.finetune.torch.save", full_disk)
+    run = RunDir(tmp_path / "run")
+    with pytest.raises(OSError, match="No space left"):
+        finetune(micro_config("train.num_workers=1", "train.save_interval=2"), run)
+    assert not any(p.name.endswith(".saving") for p in run.root.iterdir()) and not run.train_state.exists()
+    assert multiprocessing.active_children() == []
+
+
+def test_an_unexpected_error_is_one_line_and_the_process_ends(corpus_file, tmp_path):
+    """Any exception no check foresaw: one line naming it, exit 1, no traceback, and no process of the
+    run left (its DataLoader worker once kept the exit waiting for ever)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import MICRO
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".train_state.saving").write_text("a file where the state's folder goes")
+    cmd = [sys.executable, "-m", "pipeline.cli", "finetune", "--artifacts", str(tmp_path), "--run", "run",
+           *[a for s in MICRO for a in ("--set", s)], "--set", f"data.source={corpus_file}",
+           "--set", "train.num_workers=1", "--set", "train.save_interval=2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 1, out
+    assert "error: finetune failed: FileExistsError" in out and "--debug finetune" in out and "Traceback" not in out
+    with pytest.raises(ProcessLookupError):  # nothing of its process group is left
+        os.killpg(proc.pid, 0)

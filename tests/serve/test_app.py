@@ -232,16 +232,18 @@ def test_a_full_queue_gets_429_with_retry_after_and_a_long_request_504(tight_ser
     assert gauges and not any(gauges.values()), gauges
 
 
-def test_a_body_that_stops_arriving_gets_408_and_does_not_hold_a_drain(exported_run, tmp_path):
-    """Clients that send 9 of a declared 100 bytes and stall: each gets 408 once the body timeout passes,
-    and a SIGTERM meanwhile stops the server without waiting for them."""
+def test_a_body_or_head_that_stops_arriving_gets_408_and_does_not_hold_a_drain(exported_run, tmp_path):
+    """Clients that send 9 of a declared 100 bytes and stall: each gets 408 once the body timeout passes;
+    a head sent a byte at a time, or nothing at all, gets 408 once the head timeout passes; a SIGTERM
+    meanwhile stops the server without waiting for them."""
     import signal
     import socket
 
     from tests.serve.conftest import start_server
 
     _, run, _ = exported_run
-    proc, url = start_server(run, tmp_path / "server.log", "--set", "serve.body_timeout_s=1")
+    proc, url = start_server(run, tmp_path / "server.log", "--set", "serve.body_timeout_s=1",
+                             "--set", "serve.header_timeout_s=1")
     port = int(url.rsplit(":", 1)[1])
     slow = []
     for _ in range(3):
@@ -258,6 +260,24 @@ def test_a_body_that_stops_arriving_gets_408_and_does_not_hold_a_drain(exported_
                 break
             reply += part
         assert reply.startswith(b"HTTP/1.1 408") and b"stopped arriving for 1 s" in reply, reply
+    # a request head sent a byte at a time, slower than the head timeout allows, and a connection that
+    # sends nothing: each gets 408 and is closed; a request sent whole meanwhile is answered
+    trickle, silent = socket.create_connection(("127.0.0.1", port)), socket.create_connection(("127.0.0.1", port))
+    head, reply, started = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n", b"", time.monotonic()
+    trickle.settimeout(0.3)
+    for byte in head[:-2]:
+        try:
+            trickle.sendall(bytes([byte]))
+            reply += trickle.recv(4096)
+        except (TimeoutError, OSError):
+            pass
+        if reply or time.monotonic() - started > 10:
+            break
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive whole within 1 s" in reply, reply
+    assert 1 <= time.monotonic() - started < 5
+    silent.settimeout(5)
+    assert silent.recv(4096).startswith(b"HTTP/1.1 408")
     s = socket.create_connection(("127.0.0.1", port))
     s.sendall(b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{")
     started = time.monotonic()

@@ -7,10 +7,20 @@ import asyncio
 import multiprocessing
 
 import pytest
+import torch
 
+from pipeline.config import load_config
+from pipeline.model import new_model
 from pipeline.runtime.jobs import InboxClosed
 from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.scoring import Scorer, Scores
 from serve.engine import Commands, EngineClient, Outbox, QueueFull
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    cfg = load_config("tiny", overrides=["model.n_layer=1", "model.n_embd=32", "model.n_head=2"])
+    return Scorer(new_model(cfg.model, seed=0), torch.device("cpu"))
 
 
 def channels(count: int):
@@ -20,13 +30,15 @@ def channels(count: int):
         reader, writer = multiprocessing.Pipe(duplex=False)
         readers.append(reader)
         writers.append(writer)
-        results.append(multiprocessing.Pipe(duplex=False)[1])
-    return readers, writers, Outbox(results)
+        results.append(multiprocessing.Pipe(duplex=False))
+    outbox = Outbox([w for _, w in results])
+    outbox.readers = [r for r, _ in results]  # what the HTTP processes would read
+    return readers, writers, outbox
 
 
-def test_commands_become_jobs_and_reach_them():
+def test_commands_become_jobs_and_reach_them(scorer):
     readers, writers, outbox = channels(2)
-    commands = Commands(readers, outbox)
+    commands = Commands(readers, outbox, scorer)
     assert commands.take(wait=False) == []
     greedy = Sampling(max_new_tokens=4)
     writers[0].send(("submit", 7, [[464, 2068], [818]], greedy))
@@ -46,9 +58,26 @@ def test_commands_become_jobs_and_reach_them():
     assert outbox.pending == [((0, 7), "started")]
 
 
-def test_the_inbox_closes_once_every_http_process_has_gone():
+def test_a_score_is_answered_between_steps_and_a_bad_one_gets_its_error(scorer):
+    """A scoring command is no job of the scheduler's: the inbox answers it as it reads it, at once."""
+    readers, writers, outbox = channels(1)
+    commands = Commands(readers, outbox, scorer)
+    writers[0].send(("score", 3, [[464, 2068, 7586]], [1], 2))
+    writers[0].send(("score", 4, [[464]], [0], 2))
+    while commands.take(wait=False) == [] and not outbox.readers[0].poll(0.05):
+        pass
+    delivered = []
+    while len(delivered) < 2:
+        delivered += outbox.readers[0].recv()
+    (first, (scores,)), (second, error) = sorted(delivered, key=lambda item: item[0])
+    assert first == 3 and isinstance(scores, Scores) and len(scores.token_logprobs) == 2 and len(scores.top[0]) == 2
+    assert scores == scorer.score([[464, 2068, 7586]], [1], 2)[0]
+    assert second == 4 and isinstance(error, RuntimeError) and "ValueError: start is 0" in str(error)
+
+
+def test_the_inbox_closes_once_every_http_process_has_gone(scorer):
     readers, writers, outbox = channels(2)
-    commands = Commands(readers, outbox)
+    commands = Commands(readers, outbox, scorer)
     writers[0].send(("submit", 1, [[464]], Sampling(max_new_tokens=4)))
     running = commands.take(wait=True)[0]
     writers[0].close()

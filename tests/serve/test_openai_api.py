@@ -4,6 +4,10 @@ import json
 import random
 
 import pytest
+import torch
+
+from pipeline.model import load_checkpoint
+from pipeline.tokenizer import load_tokenizer
 
 httpx = pytest.importorskip("httpx", reason="the [serve] extra is not installed")
 openai = pytest.importorskip("openai", reason="the openai client is not installed (the [dev] extra)")
@@ -87,11 +91,14 @@ def test_seeded_sampling_repeats_and_echo_prepends_the_prompt(client):
 @pytest.mark.parametrize("ask, status, param, message", [
     ({"temperature": 2.5}, 400, "temperature", "less than or equal to 2"),
     ({"top_p": 0}, 400, "top_p", "greater than 0"),
-    ({"max_tokens": 0}, 400, "max_tokens", "greater than or equal to 1"),
+    ({"max_tokens": -1}, 400, "max_tokens", "greater than or equal to 0"),
+    ({"max_tokens": 0}, 400, "max_tokens", "0 generates nothing; give at least 1, or echo true"),
     ({"max_tokens": 5000}, 400, None, "plus max_tokens=5000 exceeds the model's context of 256"),
     ({"n": 0}, 400, "n", "greater than or equal to 1"),
     ({"n": 65}, 400, "n", "n: 65 choices for each of 1 prompts exceed the 64 rows"),
-    ({"logprobs": 1}, 400, None, "does not return log-probabilities"),
+    ({"logprobs": 21}, 400, "logprobs", "less than or equal to 20"),
+    ({"logprobs": -1}, 400, "logprobs", "greater than or equal to 0"),
+    ({"extra_body": {"top_k": -2}}, 400, "top_k", "greater than or equal to -1"),
     ({"stop": ["a", "b", "c", "d", "e"]}, 400, None, "at most 4"),
     ({"model": "gpt-4"}, 404, "model", "The model `gpt-4` does not exist"),
 ])
@@ -177,3 +184,64 @@ def test_n_choices_per_prompt_are_drawn_apart_and_repeat_under_a_seed(client, se
     url, _ = server
     reply = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": "hi", "n": 10_000}, timeout=30)
     assert reply.status_code == 400 and reply.json()["error"]["message"].startswith("n: 10000 choices")
+
+
+def eager_logprobs(run, sequence: list[int]) -> torch.Tensor:
+    """The checkpoint's log-softmax at every position of the sequence, in eager PyTorch fp32."""
+    with torch.no_grad():
+        return torch.log_softmax(load_checkpoint(run.checkpoint)(torch.tensor([sequence])).logits[0].float(), -1)
+
+
+def test_logprobs_and_echo_are_the_eager_models_and_the_client_reads_them(client, server):
+    """Each token's log-probability and its top alternatives against eager PyTorch's log-softmax
+    (within 1e-3), for a sampled choice's tokens (the native API's, under the same seed) and, with
+    echo, the prompt's; n choices are each scored."""
+    openai_client, name = client
+    _, run = server
+    tokenizer = load_tokenizer(run.checkpoint)
+    prompt = "Return the number of"
+    ids = tokenizer.encode(prompt)
+    drawn = native(server, prompt, 6, do_sample=True, temperature=0.9, seed=3)["tokens"][0]
+    reply = openai_client.completions.create(model=name, prompt=prompt, max_tokens=6, temperature=0.9, seed=3, n=2,
+                                             logprobs=3, echo=True)
+    sequence = ids + drawn
+    eager = eager_logprobs(run, sequence)
+    for index, choice in enumerate(reply.choices):
+        lp = choice.logprobs
+        assert "".join(lp.tokens) == choice.text and lp.text_offset[0] == 0
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing before the first token
+        scored = len(sequence) if index == 0 else len(ids)  # the second choice drew other tokens than the native row
+        assert lp.tokens[:scored] == [tokenizer.decode([t]) for t in sequence[:scored]]
+        for t in range(1, scored):
+            assert abs(lp.token_logprobs[t] - eager[t - 1, sequence[t]].item()) < 1e-3
+            best = eager[t - 1].topk(3)
+            assert len(lp.top_logprobs[t]) in (3, 4)  # the top 3, and the chosen token where it is not among them
+            for i, value in zip(best.indices.tolist(), best.values.tolist()):
+                assert abs(lp.top_logprobs[t][tokenizer.decode([i])] - value) < 1e-3
+        assert all(v <= 0 for v in lp.token_logprobs[1:])
+    plain = openai_client.completions.create(model=name, prompt=prompt, max_tokens=6, temperature=0, logprobs=0)
+    lp = plain.choices[0].logprobs
+    assert "".join(lp.tokens) == plain.choices[0].text and lp.text_offset[0] == len(prompt)
+    assert all(len(top) == 1 for top in lp.top_logprobs)  # logprobs 0: the chosen token's alone
+
+
+def test_echo_with_max_tokens_zero_scores_the_prompt_and_a_stream_sends_it_whole(client, server):
+    """What scoring clients send (lm-evaluation-harness' loglikelihood): echo, logprobs, max_tokens 0."""
+    openai_client, name = client
+    url, run = server
+    prompts = ["The module returns", "Return the number of"]
+    reply = openai_client.completions.create(model=name, prompt=prompts, max_tokens=0, echo=True, logprobs=1)
+    assert reply.usage.completion_tokens == 0
+    tokenizer = load_tokenizer(run.checkpoint)
+    for prompt, choice in zip(prompts, reply.choices):
+        ids = tokenizer.encode(prompt)
+        eager = eager_logprobs(run, ids)
+        assert choice.text == prompt and choice.finish_reason == "length"
+        want = sum(eager[t - 1, ids[t]].item() for t in range(1, len(ids)))
+        assert abs(sum(choice.logprobs.token_logprobs[1:]) - want) < 1e-3
+    chunks = list(openai_client.completions.create(model=name, prompt=prompts[0], max_tokens=4, temperature=0,
+                                                   logprobs=2, stream=True, stream_options={"include_usage": True}))
+    whole = openai_client.completions.create(model=name, prompt=prompts[0], max_tokens=4, temperature=0, logprobs=2)
+    assert chunks[0].choices[0].text == whole.choices[0].text
+    assert chunks[0].choices[0].logprobs.token_logprobs == pytest.approx(whole.choices[0].logprobs.token_logprobs, abs=1e-6)
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
