@@ -11,7 +11,7 @@ that, or its baseline's, is over NOISY_SPREAD: its ratio then says little. On a 
 has the host wait for every token, as a streaming client does (p50 only). Every row's speed-up is
 over eager PyTorch at the same precision (or the closest float one, named in the row) and batch,
 measured in this same run: the median over rounds of the row's pass over the baseline's pass of
-that round, so that a slow spell of the machine weighs on both sides of a ratio (docs/performance.md)."""
+that round, so that a slow spell of the machine weighs on both sides of a ratio (docs/journal/performance.md)."""
 
 from __future__ import annotations
 

@@ -310,7 +310,7 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
     except ImportError as e:
         raise UserError(f"serving needs the [serve] extra ({e.name} is missing): pip install 'gpt2-deploy[serve]'") from None
     from pipeline.tokenizer import load_tokenizer
-    from serve.engine import EngineProcess, EngineSpec
+    from serve.engine_process import EngineProcess, EngineSpec
 
     stop_start_up_on_sigterm()
     flags = {"host": host, "port": port, "max_body": max_body, "queue": queue, "max_rows": max_rows, "timeout_s": timeout,

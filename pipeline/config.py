@@ -113,7 +113,7 @@ class ServeConfig:
     header_timeout_s: float = 10.0  # a request line and headers not whole this long after they began: 408, closed
     drain_s: float = 30.0  # on SIGTERM, how long requests in flight may still run before the server exits
     # HTTP processes in front of the one engine; 0: 8 with a GPU, at most half the cores (one event loop
-    # was the limit there, docs/performance.md), 1 on a CPU
+    # was the limit there, docs/journal/performance.md), 1 on a CPU
     http_processes: int = 0
 
 

@@ -26,7 +26,7 @@ from pipeline.errors import UserError
 from pipeline.progress import console
 
 # a client process takes about 40 us of CPU a stream chunk (aiohttp; httpx took 106): past a core the
-# clients, not the server, set the figures (docs/performance.md, "Serving"), so they spread over processes
+# clients, not the server, set the figures (docs/journal/performance.md, "Serving"), so they spread over processes
 CLIENTS_PER_WORKER, RATE_PER_WORKER = 8, 50.0
 
 

@@ -68,8 +68,8 @@ def cpu_description() -> dict:
 def environment(device: torch.device) -> dict:
     """Where a measurement ran: Python, the OS, the processor, the GPU (with its clocks where NVML
     reads them), and the tracked packages."""
-    from pipeline.runtime.portable.ort_backend import cpu_threads
-    from pipeline.runtime.portable.ort_fused import CUDA_SESSION_CONFIG
+    from pipeline.runtime.dynamic.ort_backend import cpu_threads
+    from pipeline.runtime.dynamic.ort_fused import CUDA_SESSION_CONFIG
 
     env = {"python": platform.python_version(), "platform": platform.platform(), "device": str(device),
            "cpu": cpu_description(), "packages": package_versions()}

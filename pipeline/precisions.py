@@ -28,7 +28,7 @@ class Precision:
 
 
 # Budgets set from measurement on the fine-tuned default model, with head-room of 4x or more over what
-# a sound conversion shows (docs/performance.md, "Accuracy budgets"). Polygraphy's tolerances: generous
+# a sound conversion shows (docs/journal/performance.md, "Accuracy budgets"). Polygraphy's tolerances: generous
 # enough for the precision's rounding, tight enough that a broken graph fails.
 PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("fp32", "float32", False, False, "torch.onnx (dynamo)", Budget(1e-5, 1.0, 1.0, 1e-4), None),

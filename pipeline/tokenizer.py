@@ -49,7 +49,7 @@ def encode(tokenizer: PreTrainedTokenizerBase, text: str, what: str = "the promp
         return tokenizer(text)["input_ids"]
     # the Rust tokenizer itself, special tokens as tokenizer(text) adds them, its offsets not computed:
     # the Python wrapper's BatchEncoding and the offsets cost a served request 0.1 and 0.04 ms on a
-    # cold cache (docs/performance.md)
+    # cold cache (docs/journal/performance.md)
     return backend.encode_batch_fast([text])[0].ids
 
 

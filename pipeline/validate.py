@@ -13,12 +13,12 @@ import numpy as np
 import torch
 from rich.table import Table
 
+from pipeline.accuracy import check, measure
 from pipeline.artifacts import RunDir, atomic_write_json
 from pipeline.config import Config
 from pipeline.data import heldout_blocks, prepare_data
 from pipeline.errors import UserError
 from pipeline.machine import environment, model_description
-from pipeline.metrics import check, measure
 from pipeline.model import load_checkpoint
 from pipeline.progress import console, progress
 from pipeline.runtime.backend import BackendUnavailable

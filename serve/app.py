@@ -6,7 +6,7 @@
     POST /generate, /batch_generate        this project's API (serve.native)
     GET  /v1/models, POST /v1/completions  OpenAI's (serve.openai_api)
 
-The engine, a process of its own (serve.engine), owns the backend; one or more HTTP processes
+The engine, a process of its own (serve.engine_process), owns the backend; one or more HTTP processes
 (serve.server) each run this app over a channel to it. Its scheduler thread runs the
 requests (pipeline.runtime.scheduler): continuously batched on the static-cache backends
 (torch-compiled, triton), one at a time on the others; its graphs are captured before the app
@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.config import ServeConfig
 from pipeline.errors import UserError
-from serve.engine import EngineClient, EngineStopped, QueueFull
+from serve.engine_process import EngineClient, EngineStopped, QueueFull
 from serve.errors import TimedOut, UnknownModel, error
 from serve.metrics import ServeMetrics
 from serve.middleware import Admission, BodyLimit
@@ -49,7 +49,7 @@ class Service:
 def create_service(channel: tuple, info: dict, waiting, tokenizer, settings: ServeConfig, model_name: str,
                    docs: bool = False) -> Service:
     """The app of one HTTP process over its channel to the engine, `waiting` the count of requests
-    not yet started that every HTTP process shares (serve.engine.EngineProcess)."""
+    not yet started that every HTTP process shares (serve.engine_process.EngineProcess)."""
     # a continuously batched request runs all its prompts at once: more than the rows would never start
     batched = info["scheduler"] == "continuous"
     max_prompts = min(settings.max_prompts, settings.max_rows) if batched else settings.max_prompts

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 
 from pipeline.errors import UserError
-from serve.engine import EngineStopped
+from serve.engine_process import EngineStopped
 
 
 class TimedOut(Exception):

@@ -1,6 +1,6 @@
 """The HTTP side: uvicorn with a drain, in this process or in several HTTP processes that share one
 listening socket and relay one engine (serve.http_processes), as vLLM's API servers do: one event
-loop at a full core was the limit at 64 streaming clients (docs/performance.md, "Serving").
+loop at a full core was the limit at 64 streaming clients (docs/journal/performance.md, "Serving").
 
 The drain: on SIGTERM (or Ctrl-C) /ready turns false and new generation requests get 503 while
 those in flight finish, for at most `drain_s`; then the server stops and the process exits 0. A
@@ -34,11 +34,11 @@ from prometheus_client import multiprocess
 from pipeline.config import ServeConfig
 from pipeline.errors import Interrupted, UserError
 from serve.app import Service, create_service
-from serve.engine import EngineProcess
+from serve.engine_process import EngineProcess
 from serve.middleware import HeadTimeout
 
 # 64 streaming clients on a 16-core H200 machine: 4 -> 8 processes took 86,696 -> 88,421 tokens/s and the
-# inter-token latency p50 1.02 -> 0.76 ms, each process relaying its streams in smaller bunches (docs/performance.md)
+# inter-token latency p50 1.02 -> 0.76 ms, each process relaying its streams in smaller bunches (docs/journal/performance.md)
 GPU_HTTP_PROCESSES = 8
 FORCED_CLOSE_S = 5  # after the drain: what uvicorn still gives open connections before closing them
 BACKLOG = 2048  # uvicorn's own default: connections the kernel holds until a process accepts them
@@ -57,7 +57,7 @@ class DrainingServer(uvicorn.Server):
     """`orders`: an HTTP process of several, whose stop signals stay blocked: it counts the supervisor's
     stop orders instead (the first drains, the second stops at once), and drains by itself if the
     supervisor is gone. A SIGTERM to the whole process group (systemd's stop) reached it twice, itself
-    and forwarded, and the second cut its streams (docs/performance.md, "Found on the way")."""
+    and forwarded, and the second cut its streams (docs/journal/performance.md, "Found on the way")."""
 
     def __init__(self, config: uvicorn.Config, service: Service, drain_s: float,
                  orders: c_int | None = None, heard: list[int] | None = None):

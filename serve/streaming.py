@@ -1,5 +1,5 @@
 """From the engine to a request's handler: a job's steps, as the event loop reads them from the
-engine's pipe (serve.engine.EngineClient), turned into each prompt's tokens and text (stop tokens,
+engine's pipe (serve.engine_process.EngineClient), turned into each prompt's tokens and text (stop tokens,
 stop strings, length), and the request's timings and outcome recorded."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from pipeline.runtime.generate import check_length
 from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.scoring import Scores
 from pipeline.tokenizer import TextStream, encode, token_bytes
-from serve.engine import EngineClient
+from serve.engine_process import EngineClient
 from serve.errors import TimedOut
 from serve.metrics import ServeMetrics
 
 DISCONNECT_POLL_S = 0.25
 # prompts of up to this many characters together are tokenised on the event loop (about 0.1 ms for 500):
 # handing them to a worker thread cost more, since under load that thread waits for the loop's GIL
-# (docs/performance.md, "Serving: eight HTTP processes, short prompts tokenised on the event loop")
+# (docs/journal/performance.md, "Serving: eight HTTP processes, short prompts tokenised on the event loop")
 INLINE_CHARS = 2048
 
 
@@ -78,7 +78,7 @@ class Completion:
     (RowOutput) and yields after each arrival; the request's timings and outcome go to the metrics.
     Arrivals (`arrive`, on the event loop) wake `run` through a future, and a timer every
     DISCONNECT_POLL_S wakes it to look at the clock and the client: a queue awaited with a timeout
-    per step took 4.6% of a busy HTTP process's time (docs/performance.md)."""
+    per step took 4.6% of a busy HTTP process's time (docs/journal/performance.md)."""
 
     def __init__(self, hub: Hub, prompts: list[list[int]], sampling: Sampling, stop: tuple[str, ...]):
         self.loop, self.arrived, self.wake = asyncio.get_running_loop(), [], None

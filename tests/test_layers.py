@@ -20,7 +20,7 @@ LAYERS = [
     ["pipeline.data", "pipeline.engines", "pipeline.engines.flavours", "pipeline.engines.metadata",
      "pipeline.engines.profiles", "pipeline.engines.builder"],
     ["pipeline.runtime", "pipeline.runtime.*"],
-    ["pipeline.metrics", "pipeline.machine"],
+    ["pipeline.accuracy", "pipeline.machine"],
     ["pipeline.finetune", "pipeline.profiling", "pipeline.train_bench", "pipeline.export", "pipeline.export.*",
      "pipeline.engines.stage", "pipeline.validate", "pipeline.polygraphy_check", "pipeline.bench",
      "pipeline.bench_report", "pipeline.doctor", "pipeline.loadtest"],

@@ -42,7 +42,7 @@ class OrtGraph:
     # MatMulNBits' accuracy_level: 4 quantises activations to int8 per block as it runs, so the CPU uses
     # its integer dot-product kernels; 0 computes in the activations' float type (the CUDA kernels read
     # int8 weights and compute in fp16). On 2 CPU cores level 0 took 156 ms a decode step at batch 1,
-    # level 4 4.3 ms, fp32 14 ms (docs/performance.md, "ONNX Runtime target").
+    # level 4 4.3 ms, fp32 14 ms (docs/journal/performance.md, "ONNX Runtime target").
     accuracy_level: int = 0
     summary: str = ""
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.accuracy import graph_parity
 from pipeline.artifacts import (
     RunDir,
     atomic_dir,
@@ -34,7 +35,6 @@ from pipeline.export.genai_config import write_genai_folder
 from pipeline.export.int8 import convert_int8_qdq, convert_int8_weight_only
 from pipeline.export.onnx_fp32 import export_fp32, finish_graph
 from pipeline.export.ort_graph import GRAPH_VERSION, ORT_GRAPHS, export_ort_graph
-from pipeline.metrics import graph_parity
 from pipeline.model import load_checkpoint
 from pipeline.precisions import PRECISIONS
 from pipeline.progress import console, progress

@@ -2,7 +2,7 @@
 
 While rows run, jobs that arrive gather for up to JOIN_EVERY steps (or until JOIN_ROWS prompts
 wait) and join in one prefill: under load a prefill at nearly every step took most of the GPU's time
-(docs/performance.md). A job joins only where its prompts find free rows and every row, its own
+(docs/journal/performance.md). A job joins only where its prompts find free rows and every row, its own
 and the running ones, can run to its end within the cache's columns."""
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def left_pad(prompts: Prompts, pad_id: int, device: torch.device, width: int | N
     Nothing goes to the device here (Batch sends on first use); a batch without padding (one integer
     array, as a tokenizer's batch or the bench's prompts, or lists of one length) then sends its ids
     alone, the mask and positions of unpadded rows coming from unpadded_mask_and_positions, since every
-    host operation here delays the prefill (docs/performance.md).
+    host operation here delays the prefill (docs/journal/performance.md).
 
     With `width`, lists are padded to at least that many columns and the batch counts as padded even
     where no row is: one shape, and one kind of prefill, for every batch of that width."""

@@ -53,7 +53,7 @@ def _torch_opener(name: str) -> Callable[..., Backend]:
                 TritonBackend as backend_class,
             )
         elif name == "torch":
-            from pipeline.runtime.portable.torch_eager import (
+            from pipeline.runtime.dynamic.torch_eager import (
                 TorchEagerBackend as backend_class,
             )
         else:
@@ -73,9 +73,9 @@ def open_graph(path, config: GPT2Config, precision: str, device: torch.device, t
     its own before they land)."""
     contract = Contract.from_hf_config(config, target)
     if target == ORT:
-        from pipeline.runtime.portable.ort_fused import OrtFusedBackend
+        from pipeline.runtime.dynamic.ort_fused import OrtFusedBackend
         return OrtFusedBackend(path, contract, precision, device, config.n_positions)
-    from pipeline.runtime.portable.ort_backend import OrtBackend
+    from pipeline.runtime.dynamic.ort_backend import OrtBackend
     return OrtBackend(path, contract, precision, device, config.n_positions)
 
 
@@ -84,13 +84,13 @@ def _open_ort_fused(run: RunDir, precision: str, device: torch.device, model) ->
 
 
 def _open_ort_genai(run: RunDir, precision: str, device: torch.device, model) -> Backend:
-    from pipeline.runtime.portable.ort_genai import OrtGenaiBackend
+    from pipeline.runtime.dynamic.ort_genai import OrtGenaiBackend
     config = _checkpoint_config(run, model)
     return OrtGenaiBackend(onnx_path(run, precision, ORT).parent, precision, device, config.n_positions, config.vocab_size)
 
 
 def _open_trt(run: RunDir, precision: str, device: torch.device, model) -> Backend:
-    from pipeline.runtime.portable.trt_backend import open_trt_backend
+    from pipeline.runtime.dynamic.trt_backend import open_trt_backend
     return open_trt_backend(run, Contract.from_hf_config(_checkpoint_config(run, model)), precision, device)
 
 

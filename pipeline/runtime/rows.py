@@ -77,7 +77,7 @@ class RowTable:
         # starts zeroed: temperature 0, no penalties), so greedy joins write no settings
         self.plain_settings = [True] * max_rows
         # a row that leaves frees its cache row where it is (the next join fills it) rather than moving
-        # another into it, which cost 27 copies a leave (docs/performance.md)
+        # another into it, which cost 27 copies a leave (docs/journal/performance.md)
         self.placed: list[Row | None] = []
         self.sampled = 0  # placed rows that sample (Row.sampled): while there are none, steps take the greedy graph
         self.column = 0
@@ -165,7 +165,7 @@ class RowTable:
         """Free cache rows at the end are dropped; while the running rows would fit a smaller row bucket
         than the cache rows they spread over, the last moves into the lowest free one (the columns it
         holds, its marks, next input and sampling settings): at a bucket's edge only, so a steady load
-        moves nothing (docs/performance.md)."""
+        moves nothing (docs/journal/performance.md)."""
         count = len(self.rows)
         while True:
             while self.placed and self.placed[-1] is None:

@@ -33,7 +33,7 @@ from pipeline.runtime.static.static_backend import StaticCacheBackend
 # rows run this many steps a launch (a fused step's graph replayed back to back), each step's tokens read
 # and delivered as it completes: the host's work per launch (joins, leaves, the launch itself) is paid
 # once a chunk, where it was more than a step's GPU time at 64 rows; a chunk ends early where gathering
-# jobs are due to join (docs/performance.md)
+# jobs are due to join (docs/journal/performance.md)
 GREEDY_CHUNK = 8
 
 
@@ -44,7 +44,7 @@ def no_flush() -> None:
 class SchedulerBase:
     """The inbox and the thread; a subclass runs the jobs it takes (serve) and calls `started` as a job
     leaves the waiting ones (to run, or cancelled before it ran), also one the scheduler took from the
-    inbox to wait for rows: the waiting-queue cap counts on it (serve.engine). `flush` is called once
+    inbox to wait for rows: the waiting-queue cap counts on it (serve.engine_process). `flush` is called once
     what a step delivered is all delivered: a consumer that batches deliveries sends them then."""
 
     def __init__(self, flush: Callable[[], None] = no_flush, inbox: Inbox | None = None):

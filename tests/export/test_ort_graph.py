@@ -14,9 +14,9 @@ from pipeline.export.genai_config import CONFIG_FILE, TOKENIZER_FILES
 from pipeline.export.ort_graph import ORT_GRAPHS
 from pipeline.export.stage import export
 from pipeline.model import load_checkpoint
+from pipeline.runtime.dynamic.torch_eager import TorchEagerBackend
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.loader import open_backend
-from pipeline.runtime.portable.torch_eager import TorchEagerBackend
 from pipeline.runtime.sampling import Sampling
 from tests.conftest import copy_run
 

@@ -8,16 +8,16 @@ import onnx
 import pytest
 import torch
 
+from pipeline.accuracy import compare_logits
 from pipeline.artifacts import RunDir
 from pipeline.contract import Contract, check_graph
 from pipeline.errors import UserError
 from pipeline.export.stage import export
-from pipeline.metrics import compare_logits
 from pipeline.model import load_checkpoint
 from pipeline.runtime.batch import left_pad
+from pipeline.runtime.dynamic.torch_eager import TorchEagerBackend
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.loader import open_backend
-from pipeline.runtime.portable.torch_eager import TorchEagerBackend
 from pipeline.runtime.sampling import Sampling
 from tests.conftest import copy_run
 

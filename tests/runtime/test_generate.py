@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from pipeline.errors import UserError
+from pipeline.runtime.dynamic.torch_eager import TorchEagerBackend
 from pipeline.runtime.generate import Generator
-from pipeline.runtime.portable.torch_eager import TorchEagerBackend
 from pipeline.runtime.sampling import Sampling
 from tests.runtime.conftest import PROMPTS
 

@@ -24,7 +24,7 @@ from pipeline.runtime.kernels.torch_ops import TorchOps
 from pipeline.runtime.kernels.triton_kernels import dot_precision, normalized_rows
 
 # the causal attention's tiles: queries (and keys) a program takes at a time, warps, pipeline depth;
-# the fastest of the sweep on an H200 (docs/decode_notes_h200.md)
+# the fastest of the sweep on an H200 (docs/journal/decode_notes_h200.md)
 ATTENTION_BLOCK, ATTENTION_WARPS, ATTENTION_STAGES = 64, 4, 1
 
 

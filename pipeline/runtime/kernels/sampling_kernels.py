@@ -8,7 +8,7 @@ a sampled one, the block where the draw lands from the blocks' masses, then that
 block read. Whether the draw is kept (fewer than top_k likelier tokens, their mass below top_p) reads
 only the blocks whose maximum lies above it; a rejected draw reads those again for the mass above the
 new pivot. So a step reads each row's logits about once, spread over the GPU, where a program a row
-walking the vocabulary three times took 74 us at batch 1 (docs/performance.md). With `advance` (the
+walking the vocabulary three times took 74 us at batch 1 (docs/journal/performance.md). With `advance` (the
 triton backend's sampled step) the last program then does the greedy step's tail
 (triton_kernels._advance_row)."""
 

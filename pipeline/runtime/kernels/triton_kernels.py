@@ -244,7 +244,7 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
     it is live) up to the step's, in whole blocks, for a cache much wider than its filled part (the
     serving scheduler's, whose rows of all ages share one column), where fixed slices left one
     program a (row, head) to walk every filled slot, and without splits walked the whole cache's
-    blocks (masked) to its end (docs/performance.md)."""
+    blocks (masked) to its end (docs/journal/performance.md)."""
     if PDL and EARLY:
         gdc_launch_dependents()
     row = tl.program_id(0)
@@ -385,13 +385,13 @@ def head_normalized_apart(m: int) -> bool:
     """Whether the LM head over m rows takes them normalised by a launch of its own (layer_norm)
     rather than normalising in its tiles. Above 16 rows its tiles then take all rows at once (64 x
     128), reading each of the head's weights once, x in half the bytes and no norm arithmetic; at
-    batch 8 that bought nothing, so up to 16 rows the tiles keep the norm (docs/performance.md)."""
+    batch 8 that bought nothing, so up to 16 rows the tiles keep the norm (docs/journal/performance.md)."""
     return m > 16
 
 
 def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
     """Tile sizes for one fused linear, chosen by timing every GPT-2 124M shape at batch 1, 8 and 64
-    on an H200 (docs/decode_notes_h200.md has the sweeps). A decode step's matrices are
+    on an H200 (docs/journal/decode_notes_h200.md has the sweeps). A decode step's matrices are
     far too small to fill 132 multiprocessors with big tiles. One row (batch 1) takes row products:
     4-8 output columns per program, 576 to 6,288 programs for GPT-2 124M, each loading its whole K
     slice at once. More rows take narrow tensor-core tiles and, where the epilogue is a plain sum
@@ -409,7 +409,7 @@ def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
             return LinearConfig(16, 16, block_k, split, warps=4)
         return LinearConfig(64 if k > 1024 else 32, 32, block_k, split, warps=4)
     # above 16 rows, pipeline depths chosen inside the whole batch-64 greedy step, not per kernel: the
-    # QKV and fc tiles 4 stages deep, the head 3, so that its programs fit in one wave (docs/decode_notes_h200.md)
+    # QKV and fc tiles 4 stages deep, the head 3, so that its programs fit in one wave (docs/journal/decode_notes_h200.md)
     if n > 8192:  # the LM head
         if head_normalized_apart(m):
             return LinearConfig(64, 128, 64, warps=4, stages=3)
@@ -495,13 +495,13 @@ class AttentionConfig:
 
 
 def attention_config(batch: int, filled: bool = False) -> AttentionConfig:
-    """Chosen by timing the whole decode step at batch 1, 8 and 64 on an H200 (docs/decode_notes_h200.md):
+    """Chosen by timing the whole decode step at batch 1, 8 and 64 on an H200 (docs/journal/decode_notes_h200.md):
     a few rows leave most multiprocessors idle unless each head's cache walk is split. At batch 64
     the 3,072 one-warp programs fit the 132 multiprocessors at once only at 80 registers or fewer
     (25 a multiprocessor; uncapped the kernel takes 96, and a second wave costs 15 us a step).
     `filled` (the FILLED shares, the serving scheduler's): one-warp programs over 16-slot blocks, more
     of them the fewer the rows, and no cap: its walk needs 74-76 registers, and under a cap ptxas
-    spills it (docs/performance.md, "the FILLED attention without its register cap")."""
+    spills it (docs/journal/performance.md, "the FILLED attention without its register cap")."""
     if filled:
         return AttentionConfig(splits=16 if batch <= 4 else 8 if batch <= 16 else 4, warps=1, block_t=16)
     if batch <= 4:

@@ -220,7 +220,7 @@ class StaticCacheBackend(Backend):
         serving scheduler keeps them between steps, their tokens into s.greedy_tokens from `column` on.
         On a GPU the first step is a graph of its own that also prepares the steps (prepare_steps): with
         that launch outside a graph a greedy launch cost the serving scheduler 368 us of host time
-        against 100 for a decode step (docs/performance.md)."""
+        against 100 for a decode step (docs/journal/performance.md)."""
         s = self.slot
 
         def set_counters() -> None:

@@ -85,7 +85,7 @@ class StaticGPT2(torch.nn.Module):
         """input_ids/position_ids [B, S] into slots start.. start + S; slot_mask [B, T] bool (which cache
         slots are real tokens); cache as new_cache(). causal: a prefill from slot 0 whose rows have no
         padding, so attention is plain causal and needs no mask (SDPA's causal flash kernel runs at
-        about half the masked kernel's time: docs/performance.md), and every position is its slot:
+        about half the masked kernel's time: docs/journal/performance.md), and every position is its slot:
         neither slot_mask nor position_ids is read. -> logits [B, S, V], or [B, 1, V] with last_only"""
         B, S = input_ids.shape
         if causal and start:

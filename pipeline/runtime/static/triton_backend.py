@@ -29,7 +29,7 @@ from pipeline.runtime.static.static_backend import CacheSlot, StaticCacheBackend
 class TritonBackend(StaticCacheBackend):
     name = "triton"
     # the layer norms' weights and biases live in the products after them, so no program of a fused
-    # linear loads them and the tiles can normalise after the product (docs/performance.md)
+    # linear loads them and the tiles can normalise after the product (docs/journal/performance.md)
     fold_layer_norms = True
     # the prefill's layer norms take the residual adds (the first the embedding), GELU goes into
     # cuBLASLt's epilogue, causal attention writes the cache as it reads the keys (prefill_kernels)
@@ -51,7 +51,7 @@ class TritonBackend(StaticCacheBackend):
         """Whether every launch lets the next start at once (triton_kernels' docstring: early) rather
         than only the QKV launch: only at batch 1, where each row product requests its weights before
         it waits; larger batches' tiles request nothing before their wait, so an early start only
-        holds multiprocessors the launches before need (measured: docs/performance.md)."""
+        holds multiprocessors the launches before need (measured: docs/journal/performance.md)."""
         return batch == 1
 
     def new_slot(self, batch: int, length: int, rows_of: CacheSlot | None = None) -> CacheSlot:
@@ -75,7 +75,7 @@ class TritonBackend(StaticCacheBackend):
 
     def reads_from_first(self, length: int) -> bool:
         """A cache wider than the context is the serving scheduler's, mostly empty, its rows starting at
-        different slots: each row's attention reads from its first (docs/performance.md)."""
+        different slots: each row's attention reads from its first (docs/journal/performance.md)."""
         return length > self.n_positions
 
     def prepare_steps(self, s: CacheSlot) -> None:

@@ -33,7 +33,7 @@ def test_every_shape_and_batch_gets_a_configuration_its_kernel_takes(preset):
 
 
 def test_the_124m_shape_keeps_its_measured_tiles_and_gpt2_xl_takes_narrower_ones():
-    """The tuned shape's residual splits are the ones the H200 sweeps chose (docs/decode_notes_h200.md);
+    """The tuned shape's residual splits are the ones the H200 sweeps chose (docs/journal/decode_notes_h200.md);
     1,600 is cut into 64-wide tiles."""
     assert (linear_config(64, 768, 768, True).block_k, linear_config(64, 768, 768, True).split_k) == (128, 6)
     assert (linear_config(64, 768, 3072, True).block_k, linear_config(64, 768, 3072, True).split_k) == (128, 8)

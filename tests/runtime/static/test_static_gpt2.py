@@ -5,10 +5,10 @@ import copy
 import pytest
 import torch
 
-from pipeline.metrics import compare_logits
+from pipeline.accuracy import compare_logits
 from pipeline.runtime.batch import left_pad
+from pipeline.runtime.dynamic.torch_eager import TorchEagerBackend
 from pipeline.runtime.generate import Generator
-from pipeline.runtime.portable.torch_eager import TorchEagerBackend
 from pipeline.runtime.sampling import (
     Sampling,
 )

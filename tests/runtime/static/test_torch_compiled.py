@@ -3,10 +3,10 @@ tokens through its fused greedy steps, reused caches, compiled decode steps."""
 
 import torch
 
-from pipeline.metrics import compare_logits
+from pipeline.accuracy import compare_logits
 from pipeline.runtime.batch import left_pad
+from pipeline.runtime.dynamic.torch_eager import TorchEagerBackend
 from pipeline.runtime.generate import Generator
-from pipeline.runtime.portable.torch_eager import TorchEagerBackend
 from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.static.torch_compiled import TorchCompiledBackend
 from tests.runtime.conftest import PROMPTS

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from pipeline.metrics import compare_logits
+from pipeline.accuracy import compare_logits
 from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.batch import left_pad
 from pipeline.runtime.generate import Generator
