@@ -2,15 +2,10 @@
 # The A/B of the scheduler split (#47): the tree before it (055c66c, unpacked in .ab/old) and this
 # one, alternated on one H200 over the same gpt2 run folder: the offline triton bench twice each,
 # then one served greedy load (1 and 64 streaming clients) each. Every step bounded, output into $OUT.
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1
-L=$OUT/log.txt
+. "$(dirname "$0")/sitting.sh"
 NEW="env PYTHONPATH=/tmp/site:$PWD python3 -m pipeline.cli"
 OLD="env PYTHONPATH=/tmp/site:$PWD/.ab/old python3 -m pipeline.cli"
 R="--preset gpt2 --run lt"
-step() { local s=$(date +%s); echo "== $1" >> $L; timeout $2 "${@:3}" >> $L 2>&1; echo "== $1: rc $? in $(( $(date +%s) - s )) s" >> $L; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader >> $L
 step finetune 90 $NEW finetune $R --set train.steps=2 --set train.warmup_steps=0 --set train.eval_batches=1
 for round in 1 2; do
   for tree in old new; do
@@ -23,11 +18,7 @@ for tree in old new; do
   T=$([ $tree = old ] && echo "$OLD" || echo "$NEW")
   $T serve $R --device cuda --backend triton --precision fp16 > /tmp/serve_$tree.log 2>&1 &
   SP=$!
-  step "ready $tree" 70 python3 -c "
-import time, urllib.request
-while True:
-    try: urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=2); break
-    except Exception: time.sleep(1)"
+  wait_ready $tree 70
   step "load $tree" 60 $NEW loadtest http://127.0.0.1:8000 --duration 6 --warmup 2 --concurrency 1,64 --out /tmp/load_$tree
   kill -INT $SP; wait $SP
   cp /tmp/load_$tree/loadtest.json $OUT/loadtest_$tree.json 2>/dev/null

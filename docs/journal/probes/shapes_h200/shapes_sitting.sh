@@ -2,23 +2,14 @@
 # Every GPT-2 shape on one H200 (#50), second sitting: gpt2-xl served (1 and 64 streaming clients)
 # and validated (triton fp16 against eager fp32), then gpt2-medium and gpt2-large fine-tuned 2 steps
 # and benched (triton, torch-compiled, eager baseline) at batch 1 / 8 / 64. $1: which part (xl | ml).
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-L=$OUT/log.txt
-G="python3 -m pipeline.cli"
-step() { local s=$(date +%s); echo "== $1" >> $L; timeout $2 "${@:3}" >> $L 2>&1; echo "== $1: rc $? in $(( $(date +%s) - s )) s" >> $L; }
+. "$(dirname "$0")/sitting.sh"
 FT="--set train.steps=2 --set train.grad_accum=1 --set train.warmup_steps=0 --set train.eval_batches=1 --set train.compile=false"
 if [ "$1" = xl ]; then
   R="--preset gpt2-xl --run xl"
   [ -d artifacts/xl/checkpoint ] || step "finetune xl" 150 $G finetune $R $FT
   $G serve $R --device cuda --backend triton --precision fp16 > /tmp/serve_xl.log 2>&1 &
   SP=$!
-  step "ready xl" 150 python3 -c "
-import time, urllib.request
-while True:
-    try: urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=2); break
-    except Exception: time.sleep(1)"
+  wait_ready xl 150
   step "load xl" 80 $G loadtest http://127.0.0.1:8000 --duration 6 --warmup 2 --concurrency 1,64 --out /tmp/load_xl
   kill -INT $SP; wait $SP
   cp /tmp/load_xl/loadtest.json $OUT/loadtest_xl.json 2>/dev/null

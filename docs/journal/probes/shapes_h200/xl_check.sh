@@ -3,14 +3,8 @@
 # batch 1 / 8 / 64 (batch > 1 raised before the K-tile chooser learnt 1,600), and the ort target's
 # fp16 graph (3.1 GB: over protobuf's 2 GB, so its weights go to model.onnx.data). Each step bounded,
 # its output into $OUT as it comes.
-set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-L=$OUT/log.txt
-G="python3 -m pipeline.cli"
+. "$(dirname "$0")/sitting.sh"
 R="--preset gpt2-xl --run xl"
-step() { local s=$(date +%s); echo "== $1" >> $L; timeout $2 "${@:3}" >> $L 2>&1; echo "== $1: rc $? in $(( $(date +%s) - s )) s" >> $L; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader >> $L
 step finetune 150 $G finetune $R --set train.steps=2 --set train.grad_accum=1 --set train.warmup_steps=0 \
   --set train.eval_batches=1 --set train.compile=false
 step bench 240 $G bench $R --device cuda --backend triton --backend torch-compiled --precision fp16 --batch 1,8,64 --repeats 2
