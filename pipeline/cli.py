@@ -27,7 +27,9 @@ _debug = {"on": False}
 Preset = Annotated[str, typer.Option(help=f"Model shape and settings: {', '.join(PRESETS)}.")]
 ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="TOML file overriding the preset.")]
 Sets = Annotated[Optional[list[str]], typer.Option("--set", help="Override one key, e.g. --set train.lr=3e-4 (repeatable).")]
-RunName = Annotated[Optional[str], typer.Option("--run", help="Run folder name under --artifacts (default: the preset).")]
+# --run-name: under torchrun, whose parser takes --run for a prefix of its own --run-path and stops
+RunName = Annotated[Optional[str], typer.Option("--run", "--run-name", help="Run folder name under --artifacts "
+                                                "(default: the preset; --run-name under torchrun).")]
 Artifacts = Annotated[Path, typer.Option("--artifacts", help="Folder that holds the run folders.")]
 Force = Annotated[bool, typer.Option("--force", metavar="", help="Redo the stage even if its outputs are up to date.")]
 Device = Annotated[str, typer.Option(help="auto (cuda if visible), cpu, cuda or cuda:N.")]

@@ -10,7 +10,9 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
+from typer.testing import CliRunner
 
+from pipeline.cli import app
 from pipeline.data import ResumableSampler
 from tests.conftest import MICRO
 
@@ -159,3 +161,17 @@ def test_fsdp_ranks_train_as_one_process_and_resume_at_another_rank_count(corpus
     assert json.loads((tmp_path / "stopped" / "reports" / "finetune.json").read_text())["ranks"] == 1
     a, b = (load_file(tmp_path / n / "checkpoint" / "model.safetensors") for n in ("straight", "stopped"))
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+def test_torchruns_own_parser_passes_the_run_name_on(tmp_path):
+    """`torchrun ... gpt2-deploy finetune --run x` ends in torchrun's parser ("ambiguous option: --run
+    could match --run-path, --run_path"); --run-name is the same option and passes through to ours."""
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--nproc-per-node", "2", "gpt2-deploy", "finetune", "--run", "x"])
+    args = parser.parse_args(["--nproc-per-node", "2", "gpt2-deploy", "finetune", "--run-name", "x"])
+    assert args.training_script_args == ["finetune", "--run-name", "x"]
+    result = CliRunner().invoke(app, ["export", "--run-name", "nosuch", "--artifacts", str(tmp_path)])
+    assert result.exit_code == 1 and f"{tmp_path / 'nosuch' / 'checkpoint'}: no checkpoint here" in result.output
