@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-import errno
-import functools
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, Optional
 
-import click
 import typer
-from rich.markup import escape
 
 from pipeline.artifacts import ARTIFACTS_ROOT, RunDir
+from pipeline.cli_errors import DEBUG, user_errors
 from pipeline.config import PRESETS, Config, load_config, validate_config
 from pipeline.contract import TARGETS
-from pipeline.errors import Interrupted, UserError
+from pipeline.errors import UserError
 from pipeline.precisions import PRECISIONS
 from pipeline.progress import console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="GPT-2 from PyTorch to validated, benchmarked ONNX Runtime and TensorRT engines.")
-_debug = {"on": False}
 
 Preset = Annotated[str, typer.Option(help=f"Model shape and settings: {', '.join(PRESETS)}.")]
 ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="TOML file overriding the preset.")]
@@ -44,52 +40,7 @@ PrecisionName = Annotated[str, typer.Option("--precision", help=f"One of {', '.j
 
 @app.callback()
 def main(debug: Annotated[bool, typer.Option("--debug", metavar="", help="Show tracebacks for errors.")] = False) -> None:
-    _debug["on"] = debug
-
-
-def user_errors(fn):
-    """Print a UserError, a full disk, and any other exception as one line and exit non-zero;
-    tracebacks only with --debug."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
-            raise  # typer's own ways out (an exit code, a usage error)
-        except UserError as e:
-            if _debug["on"]:
-                raise
-            console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(e.exit_code if isinstance(e, Interrupted) else 1) from None
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                unexpected(e, fn.__name__)
-            if _debug["on"]:
-                raise
-            # a full disk is the machine's state, not a bug: writes go through temp files, so nothing half-written stays
-            console.print(f"[red]error:[/red] {escape(e.filename or 'a file')}: {e.strerror}; free some space and run "
-                          "the stage again (outputs are replaced only when complete)", highlight=False, soft_wrap=True)
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt:  # stages write through temp files and renames: nothing half-written stays
-            if _debug["on"]:
-                raise
-            console.print("[red]interrupted:[/red] stopped before the end; outputs are written only when complete",
-                          highlight=False)
-            raise typer.Exit(130) from None
-        except Exception as e:
-            unexpected(e, fn.__name__)
-    return wrapper
-
-
-def unexpected(e: Exception, command: str) -> NoReturn:
-    """A failure no check foresaw: one line, exit 1 (the stage's outputs are written only when whole);
-    the traceback with --debug."""
-    if _debug["on"]:
-        raise e
-    console.print(f"[red]error:[/red] {command} failed: {type(e).__name__}: {escape(str(e))[:500]} (unexpected; "
-                  f"`gpt2-deploy --debug {command.replace('_', '-')} ...` shows the traceback)", highlight=False,
-                  soft_wrap=True)
-    raise typer.Exit(1) from None
+    DEBUG["on"] = debug
 
 
 def _setup(preset: str, config: Optional[Path], sets: Optional[list[str]], run: Optional[str], artifacts: Path,

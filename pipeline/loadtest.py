@@ -25,8 +25,8 @@ import numpy as np
 from pipeline.errors import UserError
 from pipeline.progress import console
 
-# a client process takes about 40 us of CPU a stream chunk (aiohttp; httpx took 106): past a core the
-# clients, not the server, set the figures (docs/journal/performance.md, "Serving"), so they spread over processes
+# past one core's worth of streams the clients, not the server, would set the figures: they spread over
+# processes (docs/journal/performance.md, "Serving")
 CLIENTS_PER_WORKER, RATE_PER_WORKER = 8, 50.0
 
 

@@ -47,9 +47,8 @@ def encode(tokenizer: PreTrainedTokenizerBase, text: str, what: str = "the promp
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return tokenizer(text)["input_ids"]
-    # the Rust tokenizer itself, special tokens as tokenizer(text) adds them, its offsets not computed:
-    # the Python wrapper's BatchEncoding and the offsets cost a served request 0.1 and 0.04 ms on a
-    # cold cache (docs/journal/performance.md)
+    # the Rust tokenizer itself, without the Python wrapper's BatchEncoding and offsets, which cost a served
+    # request more than its tokens (docs/journal/performance.md)
     return backend.encode_batch_fast([text])[0].ids
 
 

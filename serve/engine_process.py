@@ -296,8 +296,8 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
 
 class Commands:
     """The scheduler's inbox in the engine: the HTTP processes' command pipes, read by the scheduler's own
-    thread between its steps. Jobs are told apart by (channel, id). A thread of their own handed each
-    job over with a wake-up: 0.13-0.21 ms of a lone request's path, 0.07 now (docs/journal/performance.md)."""
+    thread between its steps (a reader thread of their own added a wake-up to a lone request's path;
+    docs/journal/performance.md). Jobs are told apart by (channel, id)."""
 
     def __init__(self, pipes: list, outbox: Outbox, scorer: Scorer):
         self.open = {commands: index for index, commands in enumerate(pipes)}

@@ -37,8 +37,7 @@ from serve.app import Service, create_service
 from serve.engine_process import EngineProcess
 from serve.middleware import HeadTimeout
 
-# 64 streaming clients on a 16-core H200 machine: 4 -> 8 processes took 86,696 -> 88,421 tokens/s and the
-# inter-token latency p50 1.02 -> 0.76 ms, each process relaying its streams in smaller bunches (docs/journal/performance.md)
+# with a GPU, 8: each process relays its streams in smaller bunches than 4 did (docs/journal/performance.md)
 GPU_HTTP_PROCESSES = 8
 FORCED_CLOSE_S = 5  # after the drain: what uvicorn still gives open connections before closing them
 BACKLOG = 2048  # uvicorn's own default: connections the kernel holds until a process accepts them

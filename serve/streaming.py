@@ -20,9 +20,8 @@ from serve.errors import TimedOut
 from serve.metrics import ServeMetrics
 
 DISCONNECT_POLL_S = 0.25
-# prompts of up to this many characters together are tokenised on the event loop (about 0.1 ms for 500):
-# handing them to a worker thread cost more, since under load that thread waits for the loop's GIL
-# (docs/journal/performance.md, "Serving: eight HTTP processes, short prompts tokenised on the event loop")
+# prompts of up to this many characters together are tokenised on the event loop: a worker thread costs
+# more, waiting under load for the loop's GIL (docs/journal/performance.md, "Serving: eight HTTP processes")
 INLINE_CHARS = 2048
 
 
@@ -78,7 +77,7 @@ class Completion:
     (RowOutput) and yields after each arrival; the request's timings and outcome go to the metrics.
     Arrivals (`arrive`, on the event loop) wake `run` through a future, and a timer every
     DISCONNECT_POLL_S wakes it to look at the clock and the client: a queue awaited with a timeout
-    per step took 4.6% of a busy HTTP process's time (docs/journal/performance.md)."""
+    per step cost a busy HTTP process a share of its time (docs/journal/performance.md)."""
 
     def __init__(self, hub: Hub, prompts: list[list[int]], sampling: Sampling, stop: tuple[str, ...]):
         self.loop, self.arrived, self.wake = asyncio.get_running_loop(), [], None

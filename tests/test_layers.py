@@ -24,7 +24,7 @@ LAYERS = [
     ["pipeline.finetune", "pipeline.profiling", "pipeline.train_bench", "pipeline.export", "pipeline.export.*",
      "pipeline.engines.stage", "pipeline.validate", "pipeline.polygraphy_check", "pipeline.bench",
      "pipeline.bench_report", "pipeline.doctor", "pipeline.loadtest"],
-    ["pipeline.cli", "serve", "serve.*"],
+    ["pipeline.cli", "pipeline.cli_errors", "serve", "serve.*"],
 ]
 
 

@@ -40,9 +40,8 @@ class OrtGraph:
     activations: type  # the float type of activations, KV cache and logits
     int8_weights: bool  # MatMulNBits with int8 weights for every projection and the LM head
     # MatMulNBits' accuracy_level: 4 quantises activations to int8 per block as it runs, so the CPU uses
-    # its integer dot-product kernels; 0 computes in the activations' float type (the CUDA kernels read
-    # int8 weights and compute in fp16). On 2 CPU cores level 0 took 156 ms a decode step at batch 1,
-    # level 4 4.3 ms, fp32 14 ms (docs/journal/performance.md, "ONNX Runtime target").
+    # its integer dot-product kernels (level 0, float compute, is far slower there); 0 for the GPU, whose
+    # kernels read int8 weights and compute in fp16 (docs/journal/performance.md, "ONNX Runtime target").
     accuracy_level: int = 0
     summary: str = ""
 

@@ -30,8 +30,8 @@ class Backend:
     fused_greedy = False  # whether greedy_steps is offered
     fused_sampling = False  # whether sampled_steps and sampling_table are offered
     # a runtime with a thread pool of its own on the CPU (ONNX Runtime): the torch ops around its steps
-    # then run on one thread, since torch's OpenMP workers, spinning after each op, took the cores from
-    # it (4x slower ort fp16 decode steps on 2 cores; docs/journal/performance.md, "The CPU bench")
+    # then run on one thread, since torch's OpenMP workers, spinning after each op, take the cores from
+    # it (docs/journal/performance.md, "The CPU bench")
     owns_cpu_threads = False
 
     def reset(self, batch: int, max_len: int) -> None:

@@ -9,9 +9,8 @@ import torch
 
 class HostBuffers:
     """Page-locked buffers of `size` token ids, each with two events, reused by the Readbacks, and the
-    stream their copies run on. One buffer allocated and one event made per step took a tenth of the
-    serving scheduler's host time at 64 clients; a copy on the compute stream held up every step by
-    9 us, 5% of a step at one row (docs/journal/performance.md)."""
+    stream their copies run on: allocating per step costs the scheduler host time, and a copy on the
+    compute stream holds up every step (docs/journal/performance.md)."""
 
     def __init__(self, size: int, device: torch.device):
         self.size, self.spare = size, []

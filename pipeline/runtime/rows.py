@@ -70,7 +70,7 @@ class RowTable:
         self.tokens_in, self.positions_in, self.live = self.batch.token[:, 0], self.batch.position[:, 0], self.batch.advance[:, 0]
         self.live.zero_()
         # each row's first filled slot, from which its attention reads (0 for a free row): rows of all ages
-        # share the column, and reading every row from column 0 made a step 21% slower at 64 rows
+        # share the column, and reading every row from column 0 slowed a full batch (docs/journal/performance.md)
         self.first_in = self.batch.first
         self.sampling = self.batch.sampling
         # a free cache row's sampling settings: plain greedy until a row that samples takes it (the table

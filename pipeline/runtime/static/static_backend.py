@@ -218,9 +218,8 @@ class StaticCacheBackend(Backend):
     def steps_in_place(self, count: int, column: int = 0, sampled: bool = False) -> Iterator[torch.Tensor]:
         """Fused steps (greedy, or sampled) from the inputs the slot holds (s.token, s.position), where the
         serving scheduler keeps them between steps, their tokens into s.greedy_tokens from `column` on.
-        On a GPU the first step is a graph of its own that also prepares the steps (prepare_steps): with
-        that launch outside a graph a greedy launch cost the serving scheduler 368 us of host time
-        against 100 for a decode step (docs/journal/performance.md)."""
+        On a GPU the first step is a graph of its own that also prepares the steps (prepare_steps): that
+        launch outside a graph cost the serving scheduler more host time than a step (docs/journal/performance.md)."""
         s = self.slot
 
         def set_counters() -> None:
