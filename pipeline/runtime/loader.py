@@ -100,8 +100,9 @@ BACKENDS: dict[str, BackendSpec] = {b.name: b for b in (
                 "Hugging Face eager, the reference", matrix=("fp16",)),  # fp32 is the reference itself
     BackendSpec("torch-compiled", TORCH_RUNS, ("cpu", "cuda"), "checkpoint", _torch_opener("torch-compiled"),
                 "static cache, torch.compile, CUDA graphs"),
-    BackendSpec("triton", TORCH_RUNS, ("cuda",), "checkpoint", _torch_opener("triton"),
-                "static cache, hand-written Triton kernels, CUDA graphs", matrix=("fp16",)),
+    # int8-wo: int8 weights (a scale per output) read by the decode kernels, fp16 activations and cache
+    BackendSpec("triton", (*TORCH_RUNS, "int8-wo"), ("cuda",), "checkpoint", _torch_opener("triton"),
+                "static cache, hand-written Triton kernels, CUDA graphs", matrix=("fp16", "int8-wo")),
     BackendSpec("ort", tuple(PRECISIONS), ("cpu", "cuda"), "onnx", _open_ort, "ONNX Runtime on the portable graph"),
     BackendSpec("ort-fused", tuple(PRECISIONS), ("cpu", "cuda"), "onnx-ort", _open_ort_fused,
                 "ONNX Runtime on the ort target's fused graph, KV cache in place, CUDA graphs on a GPU"),

@@ -21,7 +21,7 @@ def test_the_registry_names_known_precisions_and_the_cli_lists_every_backend():
 
 def test_the_matrices_come_from_the_registry():
     assert default_matrix() == [("torch", "fp16"), ("torch-compiled", "fp32"), ("torch-compiled", "fp16"),
-                                ("triton", "fp16"), *[("ort", p) for p in PRECISIONS],
+                                ("triton", "fp16"), ("triton", "int8-wo"), *[("ort", p) for p in PRECISIONS],
                                 *[("ort-fused", p) for p in PRECISIONS], *[("trt", p) for p in PRECISIONS]]
     # onnxruntime-genai is benched, not validated: it returns the last position's logits only
     assert bench_matrix() == [("torch", "fp32"), *default_matrix()[:-4], ("ort-genai", "fp32"), ("ort-genai", "int8"),

@@ -83,9 +83,9 @@ def _layer_norm_kernel(x_ptr, out_ptr, eps, C: tl.constexpr, BLOCK_C: tl.constex
 
 
 @triton.jit
-def _tile_product(x_ptr, w_ptr, w_sums_ptr, rm, rn, row_in, col_in, eps, K: tl.constexpr, LN: tl.constexpr,
+def _tile_product(x_ptr, w_ptr, w_sums_ptr, scale_ptr, rm, rn, row_in, col_in, eps, K: tl.constexpr, LN: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SPLIT_K: tl.constexpr, REF_COLS: tl.constexpr):
+                  SPLIT_K: tl.constexpr, REF_COLS: tl.constexpr, SCALED: tl.constexpr):
     """LN?(x[rm]) @ w[rn]^T over this program's K slice, as tensor-core tiles walked along K.
 
     The layer norm takes no pass over x of its own: the product runs on x - r, r each row's mean of
@@ -112,7 +112,11 @@ def _tile_product(x_ptr, w_ptr, w_sums_ptr, rm, rn, row_in, col_in, eps, K: tl.c
             total += x  # summed across K once, after the loop
             squares += x * x
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
+        if SCALED:  # int8 weights: exact in fp16, the product's type; each output's scale comes after
+            w = w.to(tl.float16)
         acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=DOT_PRECISION)
+    if SCALED:  # before the layer norm's correction, which takes the scaled (real) weights' sums
+        acc *= tl.load(scale_ptr + rn, mask=col_in, other=0.0)[None, :]
     if LN:
         shift = tl.sum(total, 1) / K  # mean - r
         rstd = 1.0 / tl.sqrt(tl.maximum(tl.sum(squares, 1) / K - shift * shift, 0.0) + eps)
@@ -140,7 +144,7 @@ def _row_product(x_ptr, w_ptr, row, rn, col_in, eps, K: tl.constexpr, LN: tl.con
 
 
 @triton.jit
-def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
+def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr, scale_ptr,
                          k_cache_ptr, v_cache_ptr, slot_ptr, cache_row_stride, cache_head_stride,
                          M, N, eps,
                          K: tl.constexpr, C: tl.constexpr, D: tl.constexpr,
@@ -148,7 +152,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
                          RESIDUAL: tl.constexpr, QKV: tl.constexpr, DOT_PRECISION: tl.constexpr,
                          best_ptr, best_index_ptr, ARGMAX: tl.constexpr, STORE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                         REF_COLS: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+                         REF_COLS: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, SCALED: tl.constexpr):
     """out[M, N] = epilogue(LN?(x[M, K]) @ w[N, K]^T), as tensor-core tiles or, BLOCK_M 1, one row
     per program in row products (_tile_product, _row_product).
 
@@ -174,11 +178,13 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr,
         slot = tl.load(slot_ptr)
     if BLOCK_M == 1:
         acc = _row_product(x_ptr, w_ptr, tl.program_id(0), rn, col_in, eps, K, LN, BLOCK_K, SPLIT_K, PDL)
+        if SCALED:
+            acc *= tl.load(scale_ptr + rn, mask=col_in, other=0.0)[None, :]
     else:
         if PDL:
             gdc_wait()
-        acc = _tile_product(x_ptr, w_ptr, w_sums_ptr, rm, rn, row_in, col_in, eps, K, LN, DOT_PRECISION, BLOCK_M,
-                            BLOCK_N, BLOCK_K, SPLIT_K, REF_COLS)
+        acc = _tile_product(x_ptr, w_ptr, w_sums_ptr, scale_ptr, rm, rn, row_in, col_in, eps, K, LN, DOT_PRECISION,
+                            BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, REF_COLS, SCALED)
     if PDL and not EARLY:  # this program's loads are done: the next launch may take multiprocessors as they free
         gdc_launch_dependents()
     if BIAS:
@@ -429,6 +435,14 @@ def _k_split(k: int, block_k: int) -> tuple[int, int]:
     return min(128, triton.next_power_of_2(k)), 1
 
 
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [..., N, K] -> (int8 [..., N, K], fp32 scale [..., N]): each output row symmetric, its absolute
+    maximum at 127, as export's int8-wo graph quantises its weights (export/graph_passes.py)."""
+    absmax = w.float().abs().amax(-1)
+    scale = torch.where(absmax > 0, absmax / 127.0, torch.ones_like(absmax))
+    return torch.clamp(torch.round(w.float() / scale[..., None]), -127, 127).to(torch.int8), scale
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """tl.dot's input_precision for operands of this dtype: fp32 stays exact (its 1e-5 budget) rather
     than taking TF32; fp16 and bf16 ignore it."""
@@ -440,7 +454,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
                  residual: bool = False, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
                  n: int | None = None, config: LinearConfig | None = None,
                  argmax: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False,
-                 early: bool = False) -> None:
+                 early: bool = False, scale: torch.Tensor | None = None) -> None:
     """out = epilogue(LN?(x) @ w[:n]^T + bias). x [M, K] contiguous; w [>= n, K]; ln = (w_sums, eps)
     for a layer norm whose weight and bias are folded into w and bias, w_sums = w.float().sum(1) (the
     tiles normalise after the product); qkv = (k_cache, v_cache, slot tensor, head_dim) routes the
@@ -448,7 +462,9 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
     [M, argmax_partials(...)], gets each program's row maxima (greedy_advance reduces them), and with
     out None only those. config
     overrides the tuned tiles (tests, tuning). pdl: programmatic dependent launch, early: with the next
-    launch let start at once rather than after this one's loads (module docstring)."""
+    launch let start at once rather than after this one's loads (module docstring). scale: fp32 [>= n],
+    with int8 w (quantize_rows): each output's scale, applied to the product in registers (the weights
+    are read as int8, half the bytes); ln's w_sums are then the scaled weights' sums."""
     m, k = x.shape
     n = w.shape[0] if n is None else n
     cfg = config or linear_config(m, n, k, residual)
@@ -473,8 +489,10 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
     if out is None and argmax is None:
         raise ValueError("out is None: only a product that leaves its argmax may skip its output")
     best, best_index = argmax if argmax is not None else (w, w)
+    if (scale is None) != (w.dtype != torch.int8):
+        raise ValueError(f"w is {w.dtype}: int8 weights take their scale, float ones none")
     _fused_linear_kernel[grid](
-        x, w, bias if bias is not None else w, out if out is not None else w, w_sums,
+        x, w, bias if bias is not None else w, out if out is not None else w, w_sums, scale if scale is not None else w,
         k_cache, v_cache, slot, k_cache.stride(0), k_cache.stride(1) if qkv is not None else 0,
         m, n, eps, K=k, C=c, D=head_dim,
         LN=ln is not None, BIAS=bias is not None, GELU=gelu, RESIDUAL=residual,
@@ -483,7 +501,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
         best_ptr=best, best_index_ptr=best_index, ARGMAX=argmax is not None, STORE=out is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
         REF_COLS=min(64, 1 << (k.bit_length() - 1)),  # a power of two, at most K
-        PDL=pdl, EARLY=early, launch_pdl=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
+        PDL=pdl, EARLY=early, SCALED=scale is not None, launch_pdl=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
 
 
 @dataclass(frozen=True)

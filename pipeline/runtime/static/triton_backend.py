@@ -22,6 +22,7 @@ from pipeline.runtime.kernels.triton_kernels import (
     greedy_advance,
     head_normalized_apart,
     layer_norm,
+    quantize_rows,
 )
 from pipeline.runtime.static.static_backend import CacheSlot, StaticCacheBackend
 
@@ -40,12 +41,18 @@ class TritonBackend(StaticCacheBackend):
         head_dim = model.config.n_embd // model.config.n_head
         if head_dim & (head_dim - 1):  # the attention kernel holds one head in a power-of-two block
             raise BackendUnavailable(f"triton needs a power-of-two head size; this model's is {head_dim}")
-        super().__init__(model, precision, device, cuda_graphs)
-        # what the fused layer norms take besides the folded weights: each output's weights summed
-        net = self.net
-        self.qkv_sums, self.fc_sums, self.head_sums = (w.float().sum(-1) for w in (net.qkv_w, net.fc_w, net.head_w))
+        super().__init__(model, ACTIVATIONS[precision], device, cuda_graphs)
+        self.precision = precision
+        self.decode_weights = DecodeWeights(self.net, int8=precision == "int8-wo")
         # programmatic dependent launch (triton_kernels' docstring) needs Hopper's griddepcontrol
         self.pdl_capable = self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (9, 0)
+
+    def linear(self, x, name: str, layer: int | None, out, **options) -> None:
+        """fused_linear over the decode weights `name` (of `layer`): int8 with their scales in int8-wo."""
+        w, scale, sums = self.decode_weights.of(name, layer)
+        if "ln" in options:
+            options["ln"] = (sums, options["ln"])
+        fused_linear(x, w, out, scale=scale, **options)
 
     def streams_weights(self, batch: int) -> bool:
         """Whether every launch lets the next start at once (triton_kernels' docstring: early) rather
@@ -113,21 +120,47 @@ class TritonBackend(StaticCacheBackend):
         for i in range(net.n_layer):
             keys, values = s.cache[2 * i], s.cache[2 * i + 1]
             # early at every batch: attention requests most of the cache before its wait
-            fused_linear(x, net.qkv_w[i], q, net.qkv_b[i], ln=(self.qkv_sums[i], net.eps),
-                         qkv=(keys, values, s.start, net.head_dim), pdl=pdl, early=pdl)
+            self.linear(x, "qkv", i, q, bias=net.qkv_b[i], ln=net.eps, qkv=(keys, values, s.start, net.head_dim),
+                        pdl=pdl, early=pdl)
             decode_attention(q, keys, values, s.slot_mask, s.start, attention, b["attention_partial"],
                              b["attention_arrivals"], pdl=pdl, early=early,
                              first=s.first if self.reads_from_first(keys.shape[2]) else None)
-            fused_linear(attention, net.proj_w[i], x, net.proj_b[i], residual=True, pdl=pdl, early=early)
-            fused_linear(x, net.fc_w[i], hidden, net.fc_b[i], ln=(self.fc_sums[i], net.eps), gelu=True, pdl=pdl,
-                         early=early)
-            fused_linear(hidden, net.fc2_w[i], x, net.fc2_b[i], residual=True, pdl=pdl, early=early)
+            self.linear(attention, "proj", i, x, bias=net.proj_b[i], residual=True, pdl=pdl, early=early)
+            self.linear(x, "fc", i, hidden, bias=net.fc_b[i], ln=net.eps, gelu=True, pdl=pdl, early=early)
+            self.linear(hidden, "fc2", i, x, bias=net.fc2_b[i], residual=True, pdl=pdl, early=early)
         # a greedy step keeps only each program's maxima: nothing reads its logits
         logits = b["logits"] if argmax is None else None
-        head_x, ln = x, (self.head_sums, net.eps)
+        norm = {"ln": net.eps}
+        head_x = x
         if head_normalized_apart(len(s.token)):
             layer_norm(x, b["normalized"], net.eps, pdl=pdl)
-            head_x, ln = b["normalized"], None
-        fused_linear(head_x, net.head_w, logits, net.head_b, ln=ln, n=self.vocab_size, argmax=argmax, pdl=pdl,
-                     early=early)
+            head_x, norm = b["normalized"], {}
+        self.linear(head_x, "head", None, logits, bias=net.head_b, n=self.vocab_size, argmax=argmax, pdl=pdl,
+                    early=early, **norm)
         return logits
+
+
+# the float type each precision's decode computes in: int8-wo reads int8 weights and computes in fp16
+ACTIVATIONS = {"fp32": "fp32", "fp16": "fp16", "int8-wo": "fp16"}
+
+
+class DecodeWeights:
+    """The decode step's weights, each with what its fused linear takes besides: the float weights
+    (StaticGPT2's, layer norms folded in), or in int8-wo int8 copies with a scale per output
+    (quantize_rows; the prefill keeps the float ones), and for the products after a layer norm each
+    output's weights summed (the tiles normalise after the product: _tile_product)."""
+
+    def __init__(self, net, int8: bool):
+        self.weights: dict[str, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = {}
+        for name, w in (("qkv", net.qkv_w), ("proj", net.proj_w), ("fc", net.fc_w), ("fc2", net.fc2_w),
+                        ("head", net.head_w)):
+            w = w.detach()
+            q, scale = quantize_rows(w) if int8 else (w, None)
+            real = q.float() * scale[..., None] if int8 else w.float()
+            self.weights[name] = (q, scale, real.sum(-1))
+
+    def of(self, name: str, layer: int | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        w, scale, sums = self.weights[name]
+        if layer is None:
+            return w, scale, sums
+        return w[layer], None if scale is None else scale[layer], sums[layer]

@@ -38,3 +38,26 @@ def test_the_124m_shape_keeps_its_measured_tiles_and_gpt2_xl_takes_narrower_ones
     assert (linear_config(64, 768, 768, True).block_k, linear_config(64, 768, 768, True).split_k) == (128, 6)
     assert (linear_config(64, 768, 3072, True).block_k, linear_config(64, 768, 3072, True).split_k) == (128, 8)
     assert linear_config(8, 768, 1600, True).split_k == 5 and linear_config(8, 768, 1600, True).block_k == 64
+
+
+def test_quantize_rows_is_the_int8_wo_exports_per_output_symmetric_int8():
+    """Against the rule written plainly: each output row's absolute maximum maps to 127, no zero point,
+    round half to even; an all-zero row keeps scale 1; the round trip is within half a step."""
+    import torch
+
+    from pipeline.runtime.kernels.triton_kernels import quantize_rows
+
+    torch.manual_seed(0)
+    w = torch.randn(3, 40, 24)
+    w[1, 5] = 0.0
+    q, scale = quantize_rows(w)
+    assert q.dtype == torch.int8 and q.shape == w.shape and scale.shape == (3, 40) and scale.dtype == torch.float32
+    for layer in range(3):
+        for row in range(40):
+            absmax = w[layer, row].abs().max().item()
+            expected = absmax / 127 if absmax else 1.0
+            assert scale[layer, row].item() == pytest.approx(expected, rel=1e-6)
+            assert q[layer, row].tolist() == torch.clamp(torch.round(w[layer, row] / scale[layer, row]), -127, 127).int().tolist()
+    assert q.abs().amax(-1)[w.abs().amax(-1) > 0].eq(127).all()
+    assert ((q.float() * scale[..., None] - w).abs() <= scale[..., None] / 2 + 1e-6).all()
+    assert q[1, 5].eq(0).all() and scale[1, 5] == 1.0

@@ -6,6 +6,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from pipeline.accuracy import compare_logits
+from pipeline.precisions import PRECISIONS
 from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.batch import left_pad
 from pipeline.runtime.generate import Generator
@@ -16,6 +17,7 @@ pytest.importorskip("triton")
 
 if torch.cuda.is_available():  # conftest chose the interpreter only where there is no GPU
     pytest.skip("these check the kernels in Triton's interpreter, on a CPU-only machine", allow_module_level=True)
+from pipeline.runtime.kernels.triton_kernels import LinearConfig, fused_linear, quantize_rows  # noqa: E402
 from pipeline.runtime.static.triton_backend import TritonBackend  # noqa: E402
 
 # Rows of different lengths (left padding), the longest past one 64-slot attention block.
@@ -63,6 +65,43 @@ def test_an_odd_head_count_and_widths_no_tile_divides_match_static_gpt2():
     batch = left_pad([[5, 6, 7], [8, 9]], 0, torch.device("cpu"))
     reference = decode_logits(TorchCompiledBackend(odd, "fp32", "cpu", compile=False), batch)
     assert compare_logits(decode_logits(TritonBackend(odd, "fp32", "cpu"), batch), reference)["rel_error"] < 1e-5
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("ln, residual, split_k", [(False, False, 1), (True, False, 1), (False, True, 2)])
+def test_int8_weights_read_in_the_kernel_equal_dequantise_then_matmul(rows, ln, residual, split_k):
+    """fused_linear over int8 weights and their scales (row products at one row, tiles at three, with
+    the folded layer norm, and split K into a residual) against the same product in fp32 over the
+    dequantised weights (within fp16's rounding: the tiles take x, or its layer norm, in fp16, the
+    activations' type in int8-wo)."""
+    torch.manual_seed(2)
+    x, w = (torch.randn(rows, 64) * 2 + 0.5).half().float(), torch.randn(48, 64)
+    q, scale = quantize_rows(w)
+    real = q.float() * scale[:, None]
+    bias = torch.randn(48)
+    out = torch.randn(rows, 48) if residual else torch.empty(rows, 48)
+    expected = (torch.nn.functional.layer_norm(x, (64,), eps=1e-5) if ln else x) @ real.t() + bias
+    if residual:
+        expected += out
+    block_m = 1 if rows == 1 else 16
+    fused_linear(x, q, out, bias, ln=(real.sum(1), 1e-5) if ln else None, residual=residual, scale=scale,
+                 config=LinearConfig(block_m, 16, 16 if block_m > 1 else 0, split_k))
+    torch.testing.assert_close(out, expected, rtol=2e-3, atol=1e-2)
+    with pytest.raises(ValueError, match="int8 weights take their scale"):
+        fused_linear(x, q, torch.empty(rows, 48))
+
+
+def test_int8_wo_decodes_within_its_budget_and_keeps_the_greedy_tokens(model):
+    """The int8-wo triton backend (int8 weights with a scale per output, fp16 activations) against
+    StaticGPT2 fp32: logits within int8-wo's budget, and the greedy tokens of the fp16 backend."""
+    batch = left_pad(PROMPTS, 0, torch.device("cpu"))
+    reference = decode_logits(TorchCompiledBackend(model, "fp32", "cpu", compile=False), batch)
+    int8 = TritonBackend(model, "int8-wo", "cpu")
+    assert int8.precision == "int8-wo" and int8.decode_weights.of("qkv", 0)[0].dtype == torch.int8
+    assert compare_logits(decode_logits(int8, batch), reference)["rel_error"] < PRECISIONS["int8-wo"].budget.max_rel_error
+    s = Sampling(max_new_tokens=6)
+    fp16 = Generator(TritonBackend(model, "fp16", "cpu"), pad_id=0).generate(PROMPTS, s)
+    assert Generator(TritonBackend(model, "int8-wo", "cpu"), pad_id=0).generate(PROMPTS, s) == fp16
 
 
 def test_greedy_generation_matches(model):
