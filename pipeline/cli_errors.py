@@ -24,8 +24,8 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
-            raise  # typer's own ways out (an exit code, a usage error)
+        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
+            raise  # typer's and click's own ways out (an exit code, a usage error)
         except UserError as e:
             if DEBUG["on"]:
                 raise

@@ -262,8 +262,9 @@ def test_a_body_or_head_that_stops_arriving_gets_408_and_does_not_hold_a_drain(e
         assert reply.startswith(b"HTTP/1.1 408") and b"stopped arriving for 1 s" in reply, reply
     # a request head sent a byte at a time, slower than the head timeout allows, and a connection that
     # sends nothing: each gets 408 and is closed; a request sent whole meanwhile is answered
+    started = time.monotonic()  # before the connections: their head timers start as they open
     trickle, silent = socket.create_connection(("127.0.0.1", port)), socket.create_connection(("127.0.0.1", port))
-    head, reply, started = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n", b"", time.monotonic()
+    head, reply = b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n", b""
     trickle.settimeout(0.3)
     for byte in head[:-2]:
         try:
