@@ -3,7 +3,7 @@ run in a child process, the HTTP side in one or more others (serve.server), so t
 waits for the GIL while an event loop writes streams (docs/journal/performance.md, "Serving").
 
 One channel per HTTP process. HTTP -> engine, one pipe: ("submit", id, prompts, sampling),
-("cancel", id), ("end", id, prompt). Engine -> HTTP, another: lists of (id, item) gathered while
+("score", id, sequences, starts, top), ("cancel", id), ("end", id, prompt). Engine -> HTTP, another: lists of (id, item) gathered while
 the scheduler stepped, where item is a step's tokens, "started" (the job left the queue), None
 (done) or an exception."""
 
@@ -275,13 +275,13 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
     # process group must not kill the requests in flight; the engine ends when the last command pipe closes
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    results = [r for _, r in channels]
+    results, run = [r for _, r in channels], RunDir(spec.run)
     try:
-        backend = open_named_backend(RunDir(spec.run), spec.backend, spec.precision, torch.device(spec.device))
+        backend = open_named_backend(run, spec.backend, spec.precision, torch.device(spec.device))
         outbox = Outbox(results)
         # the served precision's float type: what a GPU's fp16 and int8 backends compute their activations in
         half = torch.device(spec.device).type == "cuda" and backend.precision != "fp32"
-        scorer = Scorer(load_checkpoint(RunDir(spec.run).checkpoint), backend.device, torch.float16 if half else torch.float32)
+        scorer = Scorer(load_checkpoint(run.checkpoint), backend.device, torch.float16 if half else torch.float32)
         # the HTTP processes cap the queue (EngineClient): the engine takes whatever it is sent
         scheduler = make_scheduler(backend, pad_id, spec.max_rows, spec.continuous, outbox.flush,
                                    Commands([c for c, _ in channels], outbox, scorer))
@@ -289,7 +289,7 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
         results[0].send(("failed", str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"))
         return
     results[0].send(("ready", {"backend": backend.name, "precision": backend.precision, "device": str(backend.device),
-                               "context": backend.n_positions, "shape": model_description(RunDir(spec.run).checkpoint),
+                               "context": backend.n_positions, "shape": model_description(run.checkpoint),
                                "scheduler": "continuous" if isinstance(scheduler, ContinuousScheduler) else "serial"}))
     scheduler.serve()
 

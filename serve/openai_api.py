@@ -152,14 +152,14 @@ class Reply:
         """OpenAI's logprobs object of one choice: its tokens (with echo the prompt's, the first of which
         has nothing before it to be scored by), each one's log-probability, its top alternatives (and
         itself, as OpenAI always includes the chosen token), and where each starts in prompt + text."""
-        decode = self.hub.tokenizer.decode
-        tokens = [decode([t]) for t in sequence[0 if self.echo else start:]]
-        offsets, offset = [], 0 if self.echo else len(decode(self.prompts[index]))
+        decode = functools.cache(lambda token: self.hub.tokenizer.decode([token]))  # each token's text once
+        tokens = [decode(t) for t in sequence[0 if self.echo else start:]]
+        offsets, offset = [], 0 if self.echo else len(self.hub.tokenizer.decode(self.prompts[index]))
         for token in tokens:
             offsets.append(offset)
             offset += len(token)
         unscored = [None] if self.echo else []
-        top = [{**{decode([t]): v for t, v in alternatives}, decode([chosen]): value}
+        top = [{**{decode(t): v for t, v in alternatives}, decode(chosen): value}
                for chosen, value, alternatives in zip(sequence[start:], scores.token_logprobs, scores.top)]
         return {"tokens": tokens, "token_logprobs": unscored + scores.token_logprobs, "top_logprobs": unscored + top,
                 "text_offset": offsets}
