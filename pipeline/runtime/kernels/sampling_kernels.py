@@ -6,8 +6,8 @@ the block's maximum, first argmax and mass (at the block's maximum); the row's l
 (an atomic count, as decode attention merges its splits) merges them: the argmax for a greedy row; for
 a sampled one, the block where the draw lands from the blocks' masses, then that block's CDF, one
 block read. Whether the draw is kept (fewer than top_k likelier tokens, their mass below top_p) reads
-only the blocks whose maximum lies above it; a rejected draw reads those again for the mass above the
-new pivot. So a step reads each row's logits about once, spread over the GPU, where a program a row
+only the blocks whose maximum lies above it, and leaves each block's mass above the draw: the masses
+a rejected draw's next round lands by. So a step reads each row's logits about once, spread over the GPU, where a program a row
 walking the vocabulary three times took 74 us at batch 1 (docs/journal/performance.md). With `advance` (the
 triton backend's sampled step) the last program then does the greedy step's tail
 (triton_kernels._advance_row)."""
@@ -119,7 +119,7 @@ def _sample_kernel(logits_ptr, logits_stride, rows_ptr, positions_ptr, floats_pt
                 accept = filtered == 0
                 if filtered:  # kept if fewer than top_k tokens are likelier and their mass is below top_p
                     count = 0
-                    above_mass = 0.0
+                    above_masses = tl.zeros_like(masses)  # each block's mass above the draw: a rejection's next masses
                     for b in range(0, BLOCKS):
                         if tl.load(partials_ptr + (row * BLOCKS + b) * 3) > at:
                             cols = b * BLOCK + cols0
@@ -127,21 +127,13 @@ def _sample_kernel(logits_ptr, logits_stride, rows_ptr, positions_ptr, floats_pt
                                         frequency) * inverse
                             above = s > at
                             count += tl.sum(above.to(tl.int32), 0)
-                            above_mass += tl.sum(tl.where(above, tl.exp(s - top), 0.0), 0)
-                    accept = ((top_k <= 0) | (count < top_k)) & (above_mass < top_p * total)
+                            above_masses = tl.where(j == b, tl.sum(tl.where(above, tl.exp(s - top), 0.0), 0),
+                                                    above_masses)
+                    accept = ((top_k <= 0) | (count < top_k)) & (tl.sum(above_masses, 0) < top_p * total)
+                    masses = above_masses  # a rejected draw's next is from the tokens above it
+                    pivot = at
                 token = tl.where(accept, (at_block * BLOCK + x).to(tl.int64), token)
                 done = accept
-                if done == 0:  # the next draw is from the tokens above this one: the blocks' masses above it
-                    pivot = at
-                    new_masses = tl.zeros_like(masses)
-                    for b in range(0, BLOCKS):
-                        if tl.load(partials_ptr + (row * BLOCKS + b) * 3) > pivot:
-                            cols = b * BLOCK + cols0
-                            s = _scores(logits_row, counts_row, prompt_row, cols, V, penalized, repetition, presence,
-                                        frequency) * inverse
-                            part = tl.sum(tl.where(s > pivot, tl.exp(s - top), 0.0), 0)
-                            new_masses = tl.where(j == b, part, new_masses)
-                    masses = new_masses
                 draw += 1
         if penalized != 0:
             tl.atomic_add(counts_row + token, 1)

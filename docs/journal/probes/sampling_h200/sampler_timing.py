@@ -1,5 +1,7 @@
 """The device sampler alone on the GPU: one launch over random logits of GPT-2's vocabulary, captured in
-a CUDA graph and replayed, per row count and settings -> microseconds a launch.
+a CUDA graph and replayed, per row count and settings -> microseconds a launch. Logits of spread 4
+are about a trained GPT-2's; of spread 1 about an untrained one's (a flat distribution: a top-p draw's
+acceptance pass reads every block).
 python3 docs/journal/probes/sampling_h200/sampler_timing.py"""
 
 import torch
@@ -12,8 +14,8 @@ SETTINGS = {"greedy": Sampling(), "t0.8 top_p0.95": Sampling(do_sample=True, tem
             "t0.7 top_k50 penalties": Sampling(do_sample=True, temperature=0.7, top_k=50, repetition_penalty=1.2,
                                                frequency_penalty=0.5, seed=3)}
 torch.manual_seed(0)
-for rows in (1, 8, 64):
-    logits = torch.randn(rows, 50257, device="cuda") * 4  # about GPT-2's spread of logits
+for spread, rows in [(4, 1), (4, 8), (4, 64), (1, 1), (1, 64)]:
+    logits = torch.randn(rows, 50257, device="cuda") * spread
     positions = torch.arange(rows, device="cuda")
     out = torch.empty(rows, dtype=torch.long, device="cuda")
     line = []
@@ -34,4 +36,4 @@ for rows in (1, 8, 64):
         end.record()
         torch.cuda.synchronize()
         line.append(f"{name} {start.elapsed_time(end) * 1e3 / 200:.1f} us")
-    print(f"sampler rows {rows}: " + "; ".join(line))
+    print(f"sampler spread {spread} rows {rows}: " + "; ".join(line))
