@@ -4,6 +4,7 @@
 #   make finetune ARGS="--model gpt2" extra CLI options for the stage commands
 PY      ?= python3
 VENV    ?= .venv
+TRITON_VENV ?= .venv-triton
 PRESET  ?= tiny
 RUN     ?= $(PRESET)
 ART     ?= artifacts
@@ -21,7 +22,7 @@ BENCH_ARGS  ?= $(if $(filter tiny,$(PRESET)),--batch 1$(comma)8)
 CLI   := $(VENV)/bin/gpt2-deploy
 STAGE := --preset $(PRESET) --run $(RUN) --artifacts $(ART) $(ARGS)
 
-.PHONY: all install finetune export build-engine validate bench profile train-bench doctor lint test clean FORCE
+.PHONY: all install finetune export build-engine validate bench profile train-bench doctor lint test clean triton-env FORCE
 # the main job: every stage on the embedded default, end to end
 all: finetune export build-engine validate bench
 
@@ -54,6 +55,14 @@ validate: export
 
 bench: export
 	$(CLI) bench $(STAGE) $(BENCH_ARGS)
+
+# Triton Inference Server's Python backend stub (nvidia-pytriton's) is built against numpy 1: a venv of
+# its own holds numpy 1 and the server, and sees this project's packages after its own
+triton-env: install
+	test -x $(TRITON_VENV)/bin/python || $(PY) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/python -m pip install -q "numpy<2" "ml_dtypes>=0.5,<0.6" nvidia-pytriton==0.7.0 --no-deps
+	$(VENV)/bin/python -c "import site; print(f'import site; site.addsitedir({site.getsitepackages()[0]!r})')" \
+	  > "$$($(TRITON_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/gpt2_deploy.pth"
 
 profile: install
 	$(CLI) profile $(STAGE)

@@ -29,6 +29,7 @@ RunName = Annotated[Optional[str], typer.Option("--run", "--run-name", help="Run
 Artifacts = Annotated[Path, typer.Option("--artifacts", help="Folder that holds the run folders.")]
 Force = Annotated[bool, typer.Option("--force", metavar="", help="Redo the stage even if its outputs are up to date.")]
 Device = Annotated[str, typer.Option(help="auto (cuda if visible), cpu, cuda or cuda:N.")]
+Port = Annotated[int, typer.Option(min=1, max=65535)]
 # the backend names, as loader.BACKENDS has them: written out so that --help needs no torch import
 BACKEND_NAMES = "torch, torch-compiled, triton, ort, ort-fused, ort-genai, trt"
 BackendName = Annotated[str, typer.Option("--backend", help=f"One of {BACKEND_NAMES}.")]
@@ -289,6 +290,36 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
 
 @app.command()
 @user_errors
+def package(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
+            artifacts: Artifacts = ARTIFACTS_ROOT, force: Force = False,
+            fmt: Annotated[str, typer.Option("--format", help="triton: a Triton Inference Server model repository.")] = "triton",
+            backend: Annotated[str, typer.Option(help=f"What the generation model runs: {BACKEND_NAMES}.")] = "triton",
+            precision: PrecisionName = "fp16",
+            device: Annotated[str, typer.Option(help="Where the generation model runs: cuda or cpu.")] = "cuda",
+            name: Annotated[str, typer.Option(help="The generation model's name; the raw graphs' start with it.")] = "gpt2",
+            max_rows: Annotated[int, typer.Option(min=1, help="Prompts the generation model decodes at once.")] = 64) -> None:
+    """Package the run for an inference server: <run>/triton, a model repository Triton Inference Server loads."""
+    from pipeline.triton_repository import package_triton
+
+    if fmt != "triton":
+        raise UserError(f"--format {fmt}: the one format is triton")
+    _, rundir = _setup(preset, config, sets, run, artifacts)
+    with rundir.exclusive("package"):
+        package_triton(rundir, backend, precision, device, name, max_rows, force)
+
+
+@app.command("triton-server")
+@user_errors
+def triton_server(repository: Annotated[Path, typer.Argument(help="A repository from `package --format triton`.")],
+                  http_port: Port = 8000, grpc_port: Port = 8001, metrics_port: Port = 8002) -> None:
+    """Start Triton Inference Server (nvidia-pytriton's tritonserver) on a repository's generation model."""
+    from pipeline.triton_server import run_server
+
+    run_server(repository, http_port, grpc_port, metrics_port)
+
+
+@app.command()
+@user_errors
 def loadtest(url: Annotated[str, typer.Argument(help="The server, e.g. http://127.0.0.1:8000.")],
              concurrency: Annotated[str, typer.Option(help="Comma-separated numbers of streaming clients (a sweep).")] = "1,8,64",
              rate: Annotated[Optional[float], typer.Option(min=0.01, help="Poisson arrivals per second instead of clients.")] = None,
@@ -303,6 +334,7 @@ def loadtest(url: Annotated[str, typer.Argument(help="The server, e.g. http://12
              top_p: Annotated[float, typer.Option(min=0.01, max=1.0, help="Sampled requests' top_p.")] = 1.0,
              top_k: Annotated[int, typer.Option(min=-1, help="Sampled requests' top_k (-1: off).")] = -1,
              sampled_share: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of requests that sample (the rest greedy).")] = 1.0,
+             triton_model: Annotated[Optional[str], typer.Option(help="A Triton server's model: its generate_stream.")] = None,
              out: Annotated[Path, typer.Option(help="Folder for loadtest.json, .md and .png.")] = ARTIFACTS_ROOT / "loadtest") -> None:
     """Measure a running server as clients see it: throughput, time to first token, inter-token latency."""
     from pipeline.loadtest import LoadSettings, write_reports
@@ -315,7 +347,8 @@ def loadtest(url: Annotated[str, typer.Argument(help="The server, e.g. http://12
     if not rate and (not levels or min(levels) < 1):
         raise UserError(f"--concurrency {concurrency!r}: give at least one number of clients, each at least 1")
     settings = LoadSettings(url.rstrip("/"), levels, rate, prompt_tokens, max_tokens, spread, ignore_eos, duration, warmup,
-                            temperature=temperature, top_p=top_p, top_k=top_k, sampled_share=sampled_share, workers=workers)
+                            temperature=temperature, top_p=top_p, top_k=top_k, sampled_share=sampled_share, workers=workers,
+                            triton_model=triton_model)
     write_reports(run_loadtest(settings), out)
 
 

@@ -48,6 +48,7 @@ class LoadSettings:
     top_k: int = -1
     sampled_share: float = 1.0
     workers: int = 0  # client processes; 0 = one per CLIENTS_PER_WORKER clients (or RATE_PER_WORKER req/s), up to the cores
+    triton_model: str | None = None  # Triton Inference Server's generate_stream of this model instead of /v1/completions
 
 
 @dataclass
@@ -120,15 +121,38 @@ def describe_sampling(st: dict) -> str:
     return sampled if share >= 1 else f"{100 * share:.0f}% sampled ({sampled}), the rest greedy"
 
 
+def request_for(settings: LoadSettings, model: str, prompt: str, rng: random.Random) -> tuple[str, dict]:
+    """(url, body) of one streaming request: OpenAI's /v1/completions, or Triton's generate_stream
+    with TensorRT-LLM's names (pipeline.triton_model), where top_k 0 is off."""
+    max_tokens, sampling = lengths(settings.max_tokens, settings.spread, rng), sampling_fields(settings, rng)
+    if settings.triton_model:
+        sampling["top_k"] = max(sampling.get("top_k", 0), 0)
+        return (f"{settings.url}/v2/models/{settings.triton_model}/generate_stream",
+                {"text_input": prompt, "max_tokens": max_tokens, **sampling, "stream": True, "ignore_eos": settings.ignore_eos})
+    return (f"{settings.url}/v1/completions",
+            {"model": model, "prompt": prompt, "max_tokens": max_tokens, **sampling, "stream": True,
+             "ignore_eos": settings.ignore_eos, "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+
+
+def tokens_after(chunk: dict, tokens: int) -> int:
+    """The request's tokens once this chunk is in: Triton's output_ids (a list, or one id alone), or
+    the usage an OpenAI chunk carries (one a chunk where a server sends none; its closing usage chunk
+    adds none)."""
+    if "output_ids" in chunk:
+        ids = chunk["output_ids"]
+        return tokens + (len(ids) if isinstance(ids, list) else 1)
+    if not chunk["choices"]:
+        return tokens
+    return (chunk.get("usage") or {}).get("completion_tokens", tokens + 1)
+
+
 async def one_request(client, settings: LoadSettings, model: str, prompt: str, rng: random.Random, run: Run) -> None:
-    """One streaming /v1/completions request, greedy or sampled (sampling_fields). Tokens are counted from
-    the usage each chunk carries (vLLM's continuous_usage_stats; one token a chunk where a server sends none)."""
-    body = {"model": model, "prompt": prompt, "max_tokens": lengths(settings.max_tokens, settings.spread, rng),
-            **sampling_fields(settings, rng), "stream": True, "ignore_eos": settings.ignore_eos,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    """One streaming request (request_for), greedy or sampled (sampling_fields), its tokens counted as
+    they come (tokens_after)."""
+    url, body = request_for(settings, model, prompt, rng)
     started, marks, tokens = time.perf_counter(), [], 0
     try:
-        async with client.post(f"{settings.url}/v1/completions", json=body) as reply:
+        async with client.post(url, json=body) as reply:
             if reply.status != 200:
                 await reply.read()
                 run.error(f"HTTP {reply.status}")
@@ -145,9 +169,7 @@ async def one_request(client, settings: LoadSettings, model: str, prompt: str, r
                     if "error" in chunk:
                         run.error("error in stream")
                         return
-                    if not chunk["choices"]:  # the closing usage chunk
-                        continue
-                    count = (chunk.get("usage") or {}).get("completion_tokens", tokens + 1)
+                    count = tokens_after(chunk, tokens)
                     if count > tokens:
                         run.arrivals += [now] * (count - tokens)
                         marks.append(now)
@@ -211,9 +233,17 @@ def summarise(run: Run, level: dict, window: tuple[float, float]) -> dict:
             "tokens_per_request": float(np.mean([s.tokens for s in samples])) if samples else None}
 
 
-def server_info(url: str) -> dict:
-    """The served model (/v1/models) and, from a gpt2-deploy server, what it runs (/health)."""
+def server_info(url: str, triton_model: str | None = None) -> dict:
+    """The served model (/v1/models) and, from a gpt2-deploy server, what it runs (/health); Triton's
+    model metadata for a Triton model."""
     import httpx
+    if triton_model:
+        try:
+            return {"model": httpx.get(f"{url}/v2/models/{triton_model}", timeout=10).raise_for_status().json()["name"],
+                    "server": "Triton Inference Server"}
+        except (httpx.HTTPError, ValueError, KeyError) as e:
+            raise UserError(f"{url}: no Triton model {triton_model!r} answers there ({type(e).__name__}); start one with "
+                            "`gpt2-deploy triton-server`") from None
     try:
         models = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
         health = httpx.get(f"{url}/health", timeout=10)
@@ -229,7 +259,7 @@ def loadtest(settings: LoadSettings) -> dict:
 
     from pipeline.machine import environment
 
-    server = server_info(settings.url)
+    server = server_info(settings.url, settings.triton_model)
     rng = random.Random(settings.seed)
     prompts = prompt_texts(64, settings.prompt_tokens, settings.spread, rng)
     levels = [{"rate": settings.rate}] if settings.rate else [{"concurrency": c} for c in settings.concurrency]

@@ -23,7 +23,8 @@ LAYERS = [
     ["pipeline.accuracy", "pipeline.machine"],
     ["pipeline.finetune", "pipeline.profiling", "pipeline.train_bench", "pipeline.export", "pipeline.export.*",
      "pipeline.engines.stage", "pipeline.validate", "pipeline.polygraphy_check", "pipeline.bench",
-     "pipeline.bench_report", "pipeline.doctor", "pipeline.loadtest"],
+     "pipeline.bench_report", "pipeline.doctor", "pipeline.loadtest", "pipeline.triton_repository",
+     "pipeline.triton_model", "pipeline.triton_server"],
     ["pipeline.cli", "pipeline.cli_errors", "serve", "serve.*"],
 ]
 

@@ -39,10 +39,14 @@ class Inbox:
     its own (serve.engine_process.Commands), read by the scheduler's thread itself."""
 
     def __init__(self) -> None:
-        self.queue: queue.Queue[Job] = queue.Queue()
+        self.queue: queue.Queue[Job | None] = queue.Queue()
 
     def submit(self, job: Job) -> None:
         self.queue.put_nowait(job)
+
+    def close(self) -> None:
+        """No job comes after this: the scheduler's loop ends once it has taken those before."""
+        self.queue.put_nowait(None)
 
     def take(self, wait: bool) -> list[Job]:
         """The jobs that came since the last call; with wait, at least one (an inbox that no job can
@@ -52,4 +56,10 @@ class Inbox:
             try:
                 jobs.append(self.queue.get_nowait())
             except queue.Empty:
-                return jobs
+                break
+        if None in jobs:  # closed: the jobs that came before it first, then the end, at every later take
+            jobs = jobs[:jobs.index(None)]
+            self.close()
+            if not jobs:
+                raise InboxClosed
+        return jobs

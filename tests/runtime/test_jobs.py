@@ -2,7 +2,9 @@
 
 import threading
 
-from pipeline.runtime.jobs import Inbox, Job
+import pytest
+
+from pipeline.runtime.jobs import Inbox, InboxClosed, Job
 from pipeline.runtime.sampling import Sampling
 
 
@@ -28,3 +30,15 @@ def test_a_job_is_cancelled_once_every_prompt_is_ended():
     assert not j.cancelled.is_set()
     j.end(1)
     assert j.cancelled.is_set()
+
+
+def test_a_closed_inbox_hands_over_the_jobs_before_its_close_then_ends():
+    inbox = Inbox()
+    first = job()
+    inbox.submit(first)
+    inbox.close()
+    assert inbox.take(wait=True) == [first]
+    with pytest.raises(InboxClosed):
+        inbox.take(wait=False)
+    with pytest.raises(InboxClosed):
+        inbox.take(wait=True)  # a wait does not block on a closed inbox

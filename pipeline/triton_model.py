@@ -1,0 +1,179 @@
+"""The generation model of a Triton Inference Server repository: `gpt2-deploy package --format triton`
+copies this file there as <model>/1/model.py, beside the run it serves (<model>/1/run). It runs on
+Triton's Python backend, decoupled, and drives this project's runtime: the backend the repository
+was packaged for and its scheduler, with continuous batching across the requests in flight.
+
+Requests come through Triton's generate endpoints (or its gRPC stream), with TensorRT-LLM's names:
+text_input, and optional max_tokens, temperature (absent or 0: greedy), top_p, top_k, seed, stop,
+repetition_penalty, presence_penalty, frequency_penalty, stream, ignore_eos. With stream true a request gets a
+response for each step (the text and tokens it adds), else one at its end; its last response carries
+finish_reason, "stop" or "length". A value out of range is refused with a message naming it.
+
+The scheduler runs on a thread of its own and hands each step to a sender thread, which turns tokens
+into text and talks to Triton, so the steps never wait on the server's responses."""
+
+from __future__ import annotations
+
+import json
+import math
+import queue
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+from pipeline.artifacts import RunDir
+from pipeline.errors import UserError
+from pipeline.runtime.generate import check_length
+from pipeline.runtime.jobs import Inbox, Job
+from pipeline.runtime.sampling import ADDITIVE_PENALTY_LIMIT, REPETITION_RANGE, Sampling
+from pipeline.runtime.scheduler import make_scheduler
+from pipeline.runtime.session import open_session
+from pipeline.runtime.text_output import RowOutput
+from pipeline.tokenizer import token_bytes
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# each optional input: (default, its check as a test and what the value must be)
+SETTINGS = {
+    "max_tokens": (16, lambda v: v >= 1, "at least 1"),
+    "temperature": (0.0, lambda v: 0 <= v <= 2, "in [0, 2]"),
+    "top_p": (1.0, lambda v: 0 < v <= 1, "in (0, 1]"),
+    "top_k": (0, lambda v: v >= 0, "0 (off) or positive"),
+    "seed": (None, lambda v: 0 <= v < 2**63, "in [0, 2^63)"),
+    "repetition_penalty": (1.0, lambda v: REPETITION_RANGE[0] <= v <= REPETITION_RANGE[1],
+                           f"in [{REPETITION_RANGE[0]}, {REPETITION_RANGE[1]}]"),
+    "presence_penalty": (0.0, lambda v: abs(v) <= ADDITIVE_PENALTY_LIMIT, "in [-2, 2]"),
+    "frequency_penalty": (0.0, lambda v: abs(v) <= ADDITIVE_PENALTY_LIMIT, "in [-2, 2]"),
+}
+
+
+@dataclass(eq=False)
+class InFlight:
+    """One request in flight: its text so far, whether it streams, and where its responses go."""
+    sender: object  # pb_utils.InferenceResponseSender
+    cancelled: object  # () -> bool: the client has gone
+    row: RowOutput
+    stream: bool
+    job: Job | None = None
+    sent: list[int] = field(default_factory=list)
+    done: bool = False
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        device = "cpu" if args["model_instance_kind"] == "CPU" else f"cuda:{args['model_instance_device_id']}"
+        run = RunDir(Path(args["model_repository"]) / args["model_version"] / "run")
+        self.session = open_session(run, parameters["backend"], parameters["precision"], torch.device(device))
+        self.table = token_bytes(self.session.tokenizer)
+        self.inbox, self.deliveries = Inbox(), queue.Queue()
+        self.scheduler = make_scheduler(self.session.backend, self.session.eos, int(parameters["max_rows"]),
+                                        inbox=self.inbox)
+        self.sender = threading.Thread(target=self.send, name="sender", daemon=True)
+        self.sender.start()
+        self.scheduler.start()
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self.inbox.submit(self.job(request, sender))
+            except UserError as e:  # Triton answers it as the request's error (400 on HTTP)
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
+        return None
+
+    def job(self, request, sender) -> Job:
+        """The request as a scheduler job, its values checked first."""
+        text = _strings(request, "text_input")
+        if len(text) != 1:
+            raise UserError(f"text_input: one prompt a request, got {len(text)}")
+        values = {}
+        for name, (default, ok, must) in SETTINGS.items():
+            value = _scalar(request, name, default)
+            if value is not None and not (math.isfinite(value) and ok(value)):
+                raise UserError(f"{name} {value}: must be {must}")
+            values[name] = value
+        stream = bool(_scalar(request, "stream", False))
+        ignore_eos = bool(_scalar(request, "ignore_eos", False))  # vLLM's: every request its whole length (load tests)
+        sampling = Sampling(max_new_tokens=int(values["max_tokens"]), do_sample=values["temperature"] > 0,
+                            temperature=float(values["temperature"]) or 1.0, top_k=int(values["top_k"]),
+                            top_p=float(values["top_p"]), repetition_penalty=float(values["repetition_penalty"]),
+                            presence_penalty=float(values["presence_penalty"]),
+                            frequency_penalty=float(values["frequency_penalty"]),
+                            seed=None if values["seed"] is None else int(values["seed"]),
+                            stop_tokens=() if ignore_eos else (self.session.eos,))
+        sampling.check()
+        prompt = self.session.encode(text[0], "text_input")
+        check_length(len(prompt), sampling.max_new_tokens, self.session.backend.n_positions, "max_tokens")
+        state = InFlight(sender, request.is_cancelled, RowOutput(self.table, sampling, tuple(_strings(request, "stop"))),
+                        stream)
+        state.job = Job([prompt], sampling, lambda item: self.deliveries.put((state, item)))
+        return state.job
+
+    def send(self) -> None:
+        """The sender thread: each step's tokens as text to its request, until finalize."""
+        while (delivery := self.deliveries.get()) is not None:
+            state, item = delivery
+            if state.done:
+                continue
+            if isinstance(item, Exception):
+                state.done = True
+                message = str(item) if isinstance(item, UserError) else f"{type(item).__name__}: {item}"
+                state.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
+                continue
+            if item is None:  # the job ended: a row not finished yet has its length
+                if state.row.finish is None:
+                    state.row.end("length")
+            else:
+                state.row.add(item[0])
+            if state.cancelled():
+                state.job.cancelled.set()
+                state.done = True
+                state.sender.send(flags=FINAL)
+            elif state.row.finish is not None:
+                state.job.end(0)  # a stop string: its row leaves at the next step
+                state.done = True
+                state.sender.send(self.response(state), flags=FINAL)
+            elif state.stream:
+                state.sender.send(self.response(state))
+
+    def response(self, state: InFlight):
+        """What the request has not been sent yet when it streams, else all of it; the stop token is no
+        part of either (as `gpt2-deploy generate` prints it)."""
+        row = state.row
+        text, tokens = (row.new_text(), row.new_tokens()) if state.stream else (row.text, row.tokens)
+        outputs = [pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
+                   pb_utils.Tensor("output_ids", np.array([t for t in tokens if t != self.session.eos], dtype=np.int32))]
+        if row.finish is not None:
+            outputs.append(pb_utils.Tensor("finish_reason", np.array([row.finish.encode()], dtype=np.object_)))
+        return pb_utils.InferenceResponse(outputs)
+
+    def finalize(self) -> None:
+        self.inbox.close()
+        self.scheduler.thread.join()
+        self.deliveries.put(None)
+        self.sender.join()
+
+
+def _strings(request, name: str) -> list[str]:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return []
+    try:
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in tensor.as_numpy().reshape(-1)]
+    except UnicodeDecodeError:
+        raise UserError(f"{name}: not valid UTF-8") from None
+
+
+def _scalar(request, name: str, default):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return default
+    values = tensor.as_numpy().reshape(-1)
+    if values.size != 1:
+        raise UserError(f"{name}: one value, got {values.size}")
+    return values[0].item()

@@ -1,0 +1,193 @@
+"""`package --format triton` on the micro run with its TensorRT-RTX plans, then the real `tritonserver`
+that nvidia-pytriton carries (`make triton-env`) started on the repository: the generation model's
+greedy tokens against this project's own generation, streamed and whole, a seeded sampled request
+twice, values refused with Triton's error shape. The raw graphs' configs are read against the
+contract; the Python-only binary has no onnxruntime or TensorRT backend to load them, so the test
+checks that the server parses each and fails on that backend alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.contract import Contract
+from pipeline.errors import UserError
+from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.session import open_session
+from pipeline.triton_repository import package_triton
+from tests.conftest import ENGINE_PRECISIONS, copy_run
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TRITON_PYTHON = REPO_ROOT / ".venv-triton" / "bin" / "python"
+PROMPT = "The history of the city"
+
+
+@pytest.fixture(scope="module")
+def packaged(engines, tmp_path_factory):
+    _, run, _ = engines
+    run = copy_run(run, tmp_path_factory.mktemp("triton") / "run")
+    return run, package_triton(run, "ort", "fp32", "cpu", "gpt2", max_rows=8)
+
+
+def test_the_repository_holds_the_generation_model_every_graph_and_plan_and_is_up_to_date_after(packaged, capsys):
+    run, repository = packaged
+    models = sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
+    assert models == sorted(["gpt2"] + [f"gpt2-{kind}-{p}" for kind in ("onnx", "trt") for p in ENGINE_PRECISIONS])
+    version = repository / "gpt2" / "1"
+    assert (version / "model.py").read_text() == (REPO_ROOT / "pipeline" / "triton_model.py").read_text()
+    assert (version / "run" / "onnx" / "fp32" / "model.onnx").is_file() and (version / "run" / "manifest.json").is_file()
+    assert (repository / "gpt2" / "tokenizer" / "tokenizer.json").is_file()
+    config = (repository / "gpt2-trt-fp16" / "config.pbtxt").read_text()
+    assert 'platform: "tensorrt_plan"' in config and re.search(r'key: "8\.6" value: "[^"]+fp16[^"]*\.plan"', config)
+    before = (repository / "README.md").stat().st_ino
+    assert package_triton(run, "ort", "fp32", "cpu", "gpt2", max_rows=8) == repository
+    assert "up to date" in capsys.readouterr().out and (repository / "README.md").stat().st_ino == before
+
+
+def tensors(text: str) -> dict[str, tuple[str, list[int]]]:
+    return {m[0]: (m[1], [int(d) for d in m[2].split(",")])
+            for m in re.findall(r'name: "([^"]+)" data_type: (\w+) dims: \[ ([-\d, ]+) \]', text)}
+
+
+@pytest.mark.parametrize("precision", ENGINE_PRECISIONS)
+def test_a_raw_graphs_config_is_the_contract_with_the_cache_as_implicit_state(packaged, precision):
+    run, repository = packaged
+    from transformers import GPT2Config
+    contract = Contract.from_hf_config(GPT2Config.from_json_file(str(run.checkpoint / "config.json")))
+    text = (repository / f"gpt2-onnx-{precision}" / "config.pbtxt").read_text()
+    found = tensors(text)
+    assert {n: found[n] for n in ("input_ids", "attention_mask", "position_ids")} == {
+        n: ("TYPE_INT64", [-1]) for n in ("input_ids", "attention_mask", "position_ids")}
+    assert found["logits"][1] == [-1, contract.vocab_size]
+    states = re.findall(r'input_name: "([^"]+)" output_name: "([^"]+)" data_type: (\w+) dims: \[ ([-\d, ]+) \]', text)
+    assert [(s[0], s[1]) for s in states] == list(zip(contract.past_names, contract.present_names))
+    assert {s[3] for s in states} == {f"{contract.n_head}, -1, {contract.head_dim}"}
+    assert "max_batch_size: 1" in text and (repository / f"gpt2-onnx-{precision}" / "1" / "model.onnx").is_file()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict) -> tuple[int, str]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@pytest.fixture(scope="module")
+def server(packaged):
+    if not TRITON_PYTHON.exists():
+        pytest.skip("no .venv-triton: `make triton-env` installs nvidia-pytriton's tritonserver")
+    _, repository = packaged
+    http = free_port()
+    ports = ["--http-port", str(http), "--grpc-port", str(free_port()), "--metrics-port", str(free_port())]
+    log = open(repository.parent / "tritonserver.log", "w")
+    process = subprocess.Popen([str(TRITON_PYTHON), "-m", "pipeline.cli", "triton-server", str(repository), *ports],
+                               stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    url = f"http://127.0.0.1:{http}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2)
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail("tritonserver did not become ready:\n" + (repository.parent / "tritonserver.log").read_text()[-3000:])
+            time.sleep(0.5)
+    yield url, process
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        process.wait(timeout=60)
+    log.close()
+
+
+def expected_tokens(run, max_tokens: int) -> list[int]:
+    session = open_session(run, "ort", "fp32", torch.device("cpu"))
+    prompt = session.encode(PROMPT)
+    tokens = session.generator().generate([prompt], Sampling(max_new_tokens=max_tokens, stop_tokens=(session.eos,)))[0]
+    return [t for t in tokens if t != session.eos]
+
+
+def test_generate_and_generate_stream_give_this_projects_greedy_tokens(packaged, server):
+    run, _ = packaged
+    url, _ = server
+    want = expected_tokens(run, 12)
+    status, body = post(f"{url}/v2/models/gpt2/generate", {"text_input": PROMPT, "max_tokens": 12})
+    assert status == 200, body
+    whole = json.loads(body)
+    assert whole["output_ids"] == want and whole["finish_reason"] in ("length", "stop")
+    status, body = post(f"{url}/v2/models/gpt2/generate_stream", {"text_input": PROMPT, "max_tokens": 12, "stream": True})
+    events = [json.loads(line[len("data: "):]) for line in body.splitlines() if line.startswith("data: ")]
+    streamed = [t for e in events for t in (e["output_ids"] if isinstance(e["output_ids"], list) else [e["output_ids"]])]
+    assert status == 200 and streamed == want and len(events) == len(want)
+    assert "".join(e["text_output"] for e in events) == whole["text_output"]
+
+
+def test_a_seeded_sampled_request_repeats_and_bad_values_get_tritons_error_shape(server):
+    url, _ = server
+    sampled = {"text_input": PROMPT, "max_tokens": 8, "temperature": 0.9, "top_p": 0.95, "seed": 7}
+    first, second = (post(f"{url}/v2/models/gpt2/generate", sampled) for _ in range(2))
+    assert first[0] == 200 and json.loads(first[1])["output_ids"] == json.loads(second[1])["output_ids"]
+    for body, field in [({"max_tokens": 0}, "max_tokens"), ({"top_p": 1.5}, "top_p"), ({"top_k": -1}, "top_k"),
+                        ({"temperature": float("nan")}, "temperature"), ({"max_tokens": 10**6}, "max_tokens")]:
+        status, text = post(f"{url}/v2/models/gpt2/generate", {"text_input": PROMPT, **body})
+        assert status == 400 and field in json.loads(text)["error"], (body, text)
+    # a value of the wrong JSON type is Triton's own to refuse (500, its message), before the model
+    status, text = post(f"{url}/v2/models/gpt2/generate", {"text_input": PROMPT, "temperature": "hot"})
+    assert status >= 400 and "Unable to parse" in json.loads(text)["error"]
+    assert post(f"{url}/v2/models/gpt2/generate", sampled) == second  # and the model serves on, alike
+
+
+def test_the_raw_graphs_parse_and_wait_only_for_their_backend(server):
+    url, _ = server
+    for model, backend in [("gpt2-onnx-fp16", "onnxruntime"), ("gpt2-trt-fp16", "tensorrt")]:
+        status, text = post(f"{url}/v2/repository/models/{model}/load", {})
+        assert status == 400 and f"backend library for backend '{backend}'" in text, text
+
+
+def test_loadtest_measures_the_triton_model_through_generate_stream(server):
+    from pipeline.loadtest import LoadSettings, loadtest
+    url, _ = server
+    result = loadtest(LoadSettings(url, [2], prompt_tokens=16, max_tokens=8, duration_s=2, warmup_s=0.5,
+                                   triton_model="gpt2", workers=1))
+    row = result["rows"][0]
+    assert result["server"]["model"] == "gpt2" and not row["errors"] and row["requests"] > 0
+    assert row["tokens_per_request"] == 8 and row["itl_ms"]["p50"] > 0  # ignore_eos: every request its length
+    with pytest.raises(UserError, match="no Triton model 'gpt3'"):
+        loadtest(LoadSettings(url, [1], duration_s=1, triton_model="gpt3"))
+
+
+def test_the_server_stops_cleanly_on_sigint(server):
+    _, process = server
+    os.killpg(process.pid, signal.SIGINT)
+    assert process.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize("backend, precision, device, name, says", [
+    ("triton", "fp16", "cpu", "gpt2", "--device cpu"), ("ort", "fp8", "cpu", "gpt2", "--precision fp8"),
+    ("nope", "fp32", "cpu", "gpt2", "--backend nope"), ("ort", "fp32", "cpu", "../up", "--name")])
+def test_options_it_cannot_package_are_named_and_nothing_is_written(engines, tmp_path, backend, precision, device, name, says):
+    _, run, _ = engines
+    run = copy_run(run, tmp_path / "run")
+    with pytest.raises(UserError, match=says.replace("-", r"\-")):
+        package_triton(run, backend, precision, device, name, max_rows=8)
+    assert not (run.root / "triton").exists()
