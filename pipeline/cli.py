@@ -326,6 +326,7 @@ def loadtest(url: Annotated[str, typer.Argument(help="The server, e.g. http://12
              prompt_tokens: Annotated[int, typer.Option(min=1, help="Prompt length in tokens (about).")] = 128,
              max_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per request.")] = 128,
              spread: Annotated[float, typer.Option(min=0.0, max=0.99, help="Lengths uniform in n(1 ± spread).")] = 0.0,
+             lengths: Annotated[Optional[Path], typer.Option(help="File of 'prompt_tokens output_tokens' lines, a request each.")] = None,
              ignore_eos: Annotated[bool, typer.Option(metavar="", help="Every request generates max-tokens.")] = True,
              duration: Annotated[float, typer.Option(min=1.0, help="Seconds measured per load level.")] = 15.0,
              warmup: Annotated[float, typer.Option(min=0.0, help="Seconds of load before each measurement.")] = 2.0,
@@ -348,7 +349,7 @@ def loadtest(url: Annotated[str, typer.Argument(help="The server, e.g. http://12
         raise UserError(f"--concurrency {concurrency!r}: give at least one number of clients, each at least 1")
     settings = LoadSettings(url.rstrip("/"), levels, rate, prompt_tokens, max_tokens, spread, ignore_eos, duration, warmup,
                             temperature=temperature, top_p=top_p, top_k=top_k, sampled_share=sampled_share, workers=workers,
-                            triton_model=triton_model)
+                            triton_model=triton_model, lengths_file=str(lengths) if lengths else None)
     write_reports(run_loadtest(settings), out)
 
 

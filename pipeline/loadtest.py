@@ -19,6 +19,7 @@ import random
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -49,6 +50,7 @@ class LoadSettings:
     sampled_share: float = 1.0
     workers: int = 0  # client processes; 0 = one per CLIENTS_PER_WORKER clients (or RATE_PER_WORKER req/s), up to the cores
     triton_model: str | None = None  # Triton Inference Server's generate_stream of this model instead of /v1/completions
+    lengths_file: str | None = None  # (prompt, output) token lengths, a pair a line, instead of the lengths above
 
 
 @dataclass
@@ -82,8 +84,46 @@ class Run:
             self.error(what, count)
 
 
-def prompt_texts(count: int, tokens: int, spread: float, rng: random.Random) -> list[str]:
-    """Held-out-like text of about `tokens` GPT-2 tokens each, cut from the embedded corpus."""
+Workload = list[tuple[str, "int | None"]]  # (prompt text, output tokens or None: drawn per request)
+LENGTHS_KEPT = 512  # requests drawn from a lengths file: a sample of its pairs where it has more
+
+
+def workload(settings: LoadSettings, rng: random.Random) -> list[tuple[str, int | None]]:
+    """The requests clients pick from: (prompt text, output tokens, None to draw it per request). From
+    the lengths file's pairs, else 64 prompts of `prompt_tokens` spread by `spread`."""
+    if settings.lengths_file:
+        pairs = read_lengths(settings.lengths_file)
+        if len(pairs) > LENGTHS_KEPT:
+            pairs = rng.sample(pairs, LENGTHS_KEPT)
+        return list(zip(prompt_texts([p for p, _ in pairs], rng), [o for _, o in pairs]))
+    counts = [lengths(settings.prompt_tokens, settings.spread, rng) for _ in range(64)]
+    return [(text, None) for text in prompt_texts(counts, rng)]
+
+
+def read_lengths(path: str) -> list[tuple[int, int]]:
+    """A lengths file: one request a line, its prompt and output tokens as two whole numbers (spaces or
+    a comma between); blank lines and lines from '#' are skipped."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--lengths {path}: cannot read it ({type(e).__name__}); give a text file of "
+                        "'prompt_tokens output_tokens' lines") from None
+    pairs = []
+    for number, line in enumerate(lines, 1):
+        fields = line.split("#", 1)[0].replace(",", " ").split()
+        if not fields:
+            continue
+        if len(fields) != 2 or not all(f.isdigit() and int(f) >= 1 for f in fields):
+            raise UserError(f"--lengths {path}:{number}: {line.strip()!r} is not two whole numbers >= 1 "
+                            "(prompt tokens, output tokens)")
+        pairs.append((int(fields[0]), int(fields[1])))
+    if not pairs:
+        raise UserError(f"--lengths {path}: no 'prompt_tokens output_tokens' line in it")
+    return pairs
+
+
+def prompt_texts(counts: list[int], rng: random.Random) -> list[str]:
+    """Held-out-like text of about counts[i] GPT-2 tokens each, cut from the embedded corpus."""
     from pipeline.data import embedded_corpus
     from pipeline.tokenizer import embedded_gpt2_tokenizer
 
@@ -91,11 +131,10 @@ def prompt_texts(count: int, tokens: int, spread: float, rng: random.Random) -> 
     ids = []
     for doc in embedded_corpus():
         ids += tokenizer(doc)["input_ids"]
-        if len(ids) > 4 * tokens * (1 + spread) + 64:
+        if len(ids) > 4 * max(counts) + 64:
             break
     texts = []
-    for _ in range(count):
-        n = lengths(tokens, spread, rng)
+    for n in counts:
         start = rng.randrange(0, len(ids) - n)
         texts.append(tokenizer.decode(ids[start:start + n]))
     return texts
@@ -121,10 +160,12 @@ def describe_sampling(st: dict) -> str:
     return sampled if share >= 1 else f"{100 * share:.0f}% sampled ({sampled}), the rest greedy"
 
 
-def request_for(settings: LoadSettings, model: str, prompt: str, rng: random.Random) -> tuple[str, dict]:
-    """(url, body) of one streaming request: OpenAI's /v1/completions, or Triton's generate_stream
-    with TensorRT-LLM's names (pipeline.triton_model), where top_k 0 is off."""
-    max_tokens, sampling = lengths(settings.max_tokens, settings.spread, rng), sampling_fields(settings, rng)
+def request_for(settings: LoadSettings, model: str, request: tuple[str, int | None],
+                rng: random.Random) -> tuple[str, dict]:
+    """(url, body) of one streaming request of the workload: OpenAI's /v1/completions, or Triton's
+    generate_stream with TensorRT-LLM's names (pipeline.triton_model), where top_k 0 is off."""
+    prompt, max_tokens = request
+    max_tokens, sampling = max_tokens or lengths(settings.max_tokens, settings.spread, rng), sampling_fields(settings, rng)
     if settings.triton_model:
         sampling["top_k"] = max(sampling.get("top_k", 0), 0)
         return (f"{settings.url}/v2/models/{settings.triton_model}/generate_stream",
@@ -146,7 +187,8 @@ def tokens_after(chunk: dict, tokens: int) -> int:
     return (chunk.get("usage") or {}).get("completion_tokens", tokens + 1)
 
 
-async def one_request(client, settings: LoadSettings, model: str, prompt: str, rng: random.Random, run: Run) -> None:
+async def one_request(client, settings: LoadSettings, model: str, prompt: tuple[str, int | None], rng: random.Random,
+                      run: Run) -> None:
     """One streaming request (request_for), greedy or sampled (sampling_fields), its tokens counted as
     they come (tokens_after)."""
     url, body = request_for(settings, model, prompt, rng)
@@ -183,7 +225,7 @@ async def one_request(client, settings: LoadSettings, model: str, prompt: str, r
     run.samples.append(Sample(started, marks[0] - started, list(np.diff(marks)), time.perf_counter() - started, tokens))
 
 
-async def closed_loop(settings: LoadSettings, model: str, clients: int, prompts: list[str], stop: float,
+async def closed_loop(settings: LoadSettings, model: str, clients: int, prompts: Workload, stop: float,
                       rng: random.Random) -> Run:
     import aiohttp
 
@@ -197,7 +239,7 @@ async def closed_loop(settings: LoadSettings, model: str, clients: int, prompts:
     return run
 
 
-async def open_loop(settings: LoadSettings, model: str, rate: float, prompts: list[str], stop: float,
+async def open_loop(settings: LoadSettings, model: str, rate: float, prompts: Workload, stop: float,
                     rng: random.Random) -> Run:
     import aiohttp
 
@@ -261,7 +303,7 @@ def loadtest(settings: LoadSettings) -> dict:
 
     server = server_info(settings.url, settings.triton_model)
     rng = random.Random(settings.seed)
-    prompts = prompt_texts(64, settings.prompt_tokens, settings.spread, rng)
+    prompts = workload(settings, rng)
     levels = [{"rate": settings.rate}] if settings.rate else [{"concurrency": c} for c in settings.concurrency]
     rows = []
     for level in levels:
@@ -275,7 +317,7 @@ def loadtest(settings: LoadSettings) -> dict:
     return {"settings": asdict(settings), "server": server, "client": environment(torch.device("cpu")), "rows": rows}
 
 
-def run_level(settings: LoadSettings, model: str, level: dict, prompts: list[str]) -> tuple[Run, int, tuple[float, float]]:
+def run_level(settings: LoadSettings, model: str, level: dict, prompts: Workload) -> tuple[Run, int, tuple[float, float]]:
     """One load level, its clients (or arrival rate) split over worker processes, started before the
     warm-up's clock runs (a process takes seconds to start where torch is large). perf_counter is the
     system's monotonic clock on Linux, so the workers' times compare with this process's window.
@@ -316,7 +358,7 @@ def start_worker(hold_s: float) -> None:
     time.sleep(hold_s)
 
 
-def client_worker(settings: LoadSettings, model: str, share: dict, prompts: list[str], stop: float, seed: int) -> Run:
+def client_worker(settings: LoadSettings, model: str, share: dict, prompts: Workload, stop: float, seed: int) -> Run:
     rng = random.Random(seed)
     if "rate" in share:
         return asyncio.run(open_loop(settings, model, share["rate"], prompts, stop, rng))
@@ -334,8 +376,9 @@ def markdown(result: dict) -> str:
     lines = [f"# Load test: {server['model']}, {server.get('backend', '?')} {server.get('precision', '?')} "
              f"on {server.get('device', '?')}", "",
              *([f"model: {model_line(server['shape'])}", ""] if "shape" in server else []),
-             f"{st['url']}; prompt ~{st['prompt_tokens']} tokens, {st['max_tokens']} new tokens"
-             f"{' (EOS ignored)' if st['ignore_eos'] else ''}, spread {st['spread']}, {describe_sampling(st)}; "
+             f"{st['url']}; " + (f"lengths from {st['lengths_file']}" if st.get("lengths_file") else
+                                 f"prompt ~{st['prompt_tokens']} tokens, {st['max_tokens']} new tokens, spread {st['spread']}")
+             + f"{' (EOS ignored)' if st['ignore_eos'] else ''}, {describe_sampling(st)}; "
              f"{st['duration_s']:g} s per level "
              f"after {st['warmup_s']:g} s of warm-up; streaming clients; latencies of the requests sent in those "
              f"{st['duration_s']:g} s", "",

@@ -81,3 +81,36 @@ def test_a_mixed_load_sends_the_share_of_sampled_requests_it_asks_for(server):
         "50% sampled (temperature 0.8, top_p 0.95, top_k 40), the rest greedy"
     row = loadtest(settings)["rows"][0]
     assert row["errors"] == {} and row["requests"] >= 2 and row["tokens_per_request"] == 4
+
+
+def test_a_lengths_file_gives_each_request_its_prompt_and_output_length(server, tmp_path):
+    import random
+
+    from pipeline.loadtest import workload
+    from pipeline.tokenizer import embedded_gpt2_tokenizer
+
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("# prompt output\n12 3\n\n40, 5  # a longer one\n", encoding="utf-8")
+    settings = LoadSettings(server, concurrency=[2], duration_s=1.5, warmup_s=0.0, lengths_file=str(lengths))
+    requests = workload(settings, random.Random(0))
+    tokenizer = embedded_gpt2_tokenizer()
+    assert [o for _, o in requests] == [3, 5]
+    assert [len(tokenizer(t)["input_ids"]) for t, _ in requests] == pytest.approx([12, 40], abs=3)
+    result = loadtest(settings)
+    row = result["rows"][0]
+    assert row["errors"] == {} and row["requests"] >= 2 and 3 <= row["tokens_per_request"] <= 5
+    write_reports(result, tmp_path / "out")
+    assert f"lengths from {lengths}" in (tmp_path / "out" / "loadtest.md").read_text()
+
+
+@pytest.mark.parametrize("text, says", [("12 3\n7\n", r":2: '7' is not two whole numbers"),
+                                        ("12 0\n", r":1: '12 0'"), ("# nothing\n", "no 'prompt_tokens output_tokens' line")])
+def test_a_lengths_file_it_cannot_read_is_named_with_its_line(tmp_path, text, says):
+    from pipeline.loadtest import read_lengths
+
+    path = tmp_path / "lengths.txt"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError, match=says):
+        read_lengths(str(path))
+    with pytest.raises(UserError, match="cannot read it"):
+        read_lengths(str(tmp_path / "missing.txt"))
