@@ -18,7 +18,7 @@ import json
 import math
 import queue
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +58,6 @@ class InFlight:
     row: RowOutput
     stream: bool
     job: Job | None = None
-    sent: list[int] = field(default_factory=list)
     done: bool = False
 
 
@@ -82,8 +81,8 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 self.inbox.submit(self.job(request, sender))
-            except UserError as e:  # Triton answers it as the request's error (400 on HTTP)
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
+            except Exception as e:  # the request's error (400 on HTTP); the others in this call go on
+                sender.send(_error(e), flags=FINAL)
         return None
 
     def job(self, request, sender) -> Job:
@@ -122,8 +121,7 @@ class TritonPythonModel:
                 continue
             if isinstance(item, Exception):
                 state.done = True
-                message = str(item) if isinstance(item, UserError) else f"{type(item).__name__}: {item}"
-                state.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
+                state.sender.send(_error(item), flags=FINAL)
                 continue
             if item is None:  # the job ended: a row not finished yet has its length
                 if state.row.finish is None:
@@ -157,6 +155,12 @@ class TritonPythonModel:
         self.scheduler.thread.join()
         self.deliveries.put(None)
         self.sender.join()
+
+
+def _error(e: Exception):
+    """A request's error response: a UserError's line as it is, anything else with its type."""
+    message = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
 def _strings(request, name: str) -> list[str]:
