@@ -4,14 +4,15 @@
 # nvidia-pytriton 0.7.0 cut down to its tritonserver, Python backend, the 3.12 stub and their libraries
 # (pytriton-slim.tar.xz: pytriton/__init__.py, pytriton/tritonserver/{bin,backends,caches,
 # python_backend_stubs/3.12} and nvidia_pytriton.libs without libpython3.13, from the wheel). The
-# machine's scipy is built for numpy 2: scipy 1.13.1 (cp312) must come too, in a second call's parts
-# (docs/journal/performance.md, "Triton Inference Server on one H200").
+# machine's scipy is built for numpy 2: scipy 1.13.1 (cp312, 38 MB) comes too, by a call before this one
+# that carries .tw2 and runs `mkdir -p /tmp/parts && cp .tw2/*.whl /tmp/parts/` (docs/journal/performance.md,
+# "Triton Inference Server on one H200").
 # The generation model with the triton backend inside, then `gpt2-deploy serve` on the same run, each
 # measured with streaming loads at 1 and 64 clients; with SAMPLER=1 the sampled and mixed serve loads,
 # the sampler alone and the offline bench too (the first sitting ran them, the second not).
 . "$(dirname "$0")/../shapes_h200/sitting.sh"
 R="--preset gpt2 --run tr"
-python3 -m venv /tmp/tenv && /tmp/tenv/bin/python -m pip install -q --no-index --no-deps .tw/*.whl
+python3 -m venv /tmp/tenv && /tmp/tenv/bin/python -m pip install -q --no-index --no-deps .tw/*.whl $(ls /tmp/parts/*.whl 2>/dev/null)
 # the machine's packages (its user site too, which a venv leaves out) after the venv's own numpy 1
 python3 -c "import site; print('import site; ' + '; '.join(f'site.addsitedir({d!r})' for d in [*site.getsitepackages(), site.getusersitepackages()]))" \
   > "$(/tmp/tenv/bin/python -c 'import site; print(site.getsitepackages()[0])')/machine.pth"
