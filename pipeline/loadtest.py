@@ -84,11 +84,11 @@ class Run:
             self.error(what, count)
 
 
-Workload = list[tuple[str, "int | None"]]  # (prompt text, output tokens or None: drawn per request)
+Workload = list[tuple[str, int | None]]  # (prompt text, output tokens or None: drawn per request)
 LENGTHS_KEPT = 512  # requests drawn from a lengths file: a sample of its pairs where it has more
 
 
-def workload(settings: LoadSettings, rng: random.Random) -> list[tuple[str, int | None]]:
+def workload(settings: LoadSettings, rng: random.Random) -> Workload:
     """The requests clients pick from: (prompt text, output tokens, None to draw it per request). From
     the lengths file's pairs, else 64 prompts of `prompt_tokens` spread by `spread`."""
     if settings.lengths_file:
@@ -187,11 +187,11 @@ def tokens_after(chunk: dict, tokens: int) -> int:
     return (chunk.get("usage") or {}).get("completion_tokens", tokens + 1)
 
 
-async def one_request(client, settings: LoadSettings, model: str, prompt: tuple[str, int | None], rng: random.Random,
+async def one_request(client, settings: LoadSettings, model: str, request: tuple[str, int | None], rng: random.Random,
                       run: Run) -> None:
     """One streaming request (request_for), greedy or sampled (sampling_fields), its tokens counted as
     they come (tokens_after)."""
-    url, body = request_for(settings, model, prompt, rng)
+    url, body = request_for(settings, model, request, rng)
     started, marks, tokens = time.perf_counter(), [], 0
     try:
         async with client.post(url, json=body) as reply:

@@ -5,9 +5,9 @@
         config.pbtxt             TensorRT-LLM's input names; the backend, precision and row cap as parameters
         1/model.py               pipeline/triton_model.py
         1/run/                   what that backend opens: the checkpoint, its graph or plans, the manifest
+        tokenizer/               the checkpoint's tokenizer files
       <name>-onnx-<precision>/   each portable graph export made, on Triton's onnxruntime backend
       <name>-trt-<precision>/    each precision build-engine made plans for, one a compute capability
-        tokenizer/               the checkpoint's tokenizer files
       README.md                  how to start the server on it
 
 The raw graphs keep their KV cache in Triton (implicit state of the sequence batcher, as Triton's
@@ -30,7 +30,7 @@ from pipeline.engines.metadata import EngineMeta, plans_for
 from pipeline.errors import UserError
 from pipeline.model import require_checkpoint
 from pipeline.precisions import PRECISIONS
-from pipeline.runtime.loader import BACKENDS
+from pipeline.runtime.loader import BACKENDS, checkpoint_config
 
 STAGE = "package-triton"
 TRITON_TYPES = {"int64": "TYPE_INT64", "float32": "TYPE_FP32", "float16": "TYPE_FP16"}
@@ -58,16 +58,19 @@ def package_triton(run: RunDir, backend: str, precision: str, device: str, name:
     graphs = exported_graphs(run)
     runs = [run.checkpoint] + backend_artifacts(run, spec.reads, precision)
     target = run.root / "triton"
+    # the plans as build-engine recorded them: a plan rebuilt under its old name is a change too
+    plans = {plan.name: run.artifact_hashes(f"engine-{plan.stem}") for g in graphs for plan in plans_for(run.engines, g)}
     stamp = fingerprint(backend, precision, device, name, max_rows, run.artifact_hashes("finetune"),
-                        {p: run.require_exported(p) for p in graphs}, [p.name for g in graphs for p in plans_for(run.engines, g)])
+                        {p: run.require_exported(p) for p in graphs}, plans)
     if not force and target.is_dir() and run.is_fresh(STAGE, stamp):
         print(f"package: {target} is up to date (--force rewrites it)")
         return target
     run.forget(STAGE)
     with atomic_dir(target) as out:
         write_generation_model(out / name, run, runs, backend, precision, device, max_rows)
+        contract = Contract.from_hf_config(checkpoint_config(run, None))
         for p in graphs:
-            write_graph_model(out, name, run, p, device)
+            write_graph_model(out, name, run, contract, p, device)
         tokenizer = out / name / "tokenizer"  # in the model's folder: every folder of a repository is a model
         tokenizer.mkdir()
         for file in TOKENIZER_FILES:
@@ -131,18 +134,16 @@ def write_generation_model(folder: Path, run: RunDir, runs: list[Path], backend:
         f"input [\n{_list(inputs)}\n]\noutput [\n{_list(outputs)}\n]\n{_instances(device)}\n{parameters}\n", encoding="utf-8")
 
 
-def write_graph_model(out: Path, name: str, run: RunDir, precision: str, device: str) -> None:
+def write_graph_model(out: Path, name: str, run: RunDir, contract: Contract, precision: str, device: str) -> None:
     """The portable graph of `precision` on the onnxruntime backend, and its plans, if any, on TensorRT's."""
     graph = run.onnx(precision) / "model.onnx"
     model = onnx.load(graph, load_external_data=False)
-    contract = Contract.from_hf_config(_config(run))
     check_graph(model, contract, str(graph))
     io = graph_io(model)
     onnx_folder = out / f"{name}-onnx-{precision}"
-    link_or_copy(graph.parent, onnx_folder / "1")
-    for f in (onnx_folder / "1").iterdir():  # the graph and its weights only
-        if f.name not in ("model.onnx", "model.onnx.data"):
-            f.unlink()
+    for f in (graph, graph.with_name("model.onnx.data")):  # the graph and, past 2 GB, its weights
+        if f.exists():
+            link_or_copy(f, onnx_folder / "1" / f.name)
     (onnx_folder / "config.pbtxt").write_text(
         graph_config(onnx_folder.name, 'platform: "onnxruntime_onnx"', contract, io, device), encoding="utf-8")
     plans = plans_for(run.engines, precision)
@@ -202,11 +203,6 @@ With NVIDIA's container (the raw graphs need its onnxruntime and TensorRT backen
 
 The generation model runs on the {'GPU' if device == 'cuda' else 'CPU'}.
 """
-
-
-def _config(run: RunDir):
-    from transformers import GPT2Config
-    return GPT2Config.from_json_file(str(require_checkpoint(run.checkpoint)))
 
 
 def _tensor(name: str, dtype: str, dims: list[int], optional: bool = False) -> str:

@@ -65,7 +65,7 @@ def _torch_opener(name: str) -> Callable[..., Backend]:
 
 
 def _open_ort(run: RunDir, precision: str, device: torch.device, model) -> Backend:
-    return open_graph(onnx_path(run, precision), _checkpoint_config(run, model), precision, device)
+    return open_graph(onnx_path(run, precision), checkpoint_config(run, model), precision, device)
 
 
 def open_graph(path, config: GPT2Config, precision: str, device: torch.device, target: str = PORTABLE) -> Backend:
@@ -80,18 +80,18 @@ def open_graph(path, config: GPT2Config, precision: str, device: torch.device, t
 
 
 def _open_ort_fused(run: RunDir, precision: str, device: torch.device, model) -> Backend:
-    return open_graph(onnx_path(run, precision, ORT), _checkpoint_config(run, model), precision, device, ORT)
+    return open_graph(onnx_path(run, precision, ORT), checkpoint_config(run, model), precision, device, ORT)
 
 
 def _open_ort_genai(run: RunDir, precision: str, device: torch.device, model) -> Backend:
     from pipeline.runtime.dynamic.ort_genai import OrtGenaiBackend
-    config = _checkpoint_config(run, model)
+    config = checkpoint_config(run, model)
     return OrtGenaiBackend(onnx_path(run, precision, ORT).parent, precision, device, config.n_positions, config.vocab_size)
 
 
 def _open_trt(run: RunDir, precision: str, device: torch.device, model) -> Backend:
     from pipeline.runtime.dynamic.trt_backend import open_trt_backend
-    return open_trt_backend(run, Contract.from_hf_config(_checkpoint_config(run, model)), precision, device)
+    return open_trt_backend(run, Contract.from_hf_config(checkpoint_config(run, model)), precision, device)
 
 
 TORCH_RUNS = tuple(name for name, p in PRECISIONS.items() if p.torch_dtype)  # fp32, fp16
@@ -132,7 +132,7 @@ def onnx_path(run: RunDir, precision: str, target: str = PORTABLE):
     return path
 
 
-def _checkpoint_config(run: RunDir, model) -> GPT2Config:
+def checkpoint_config(run: RunDir, model) -> GPT2Config:
     """The model's config, from the model if one is at hand, else from config.json (no weights loaded)."""
     if model is not None:
         return model.config
