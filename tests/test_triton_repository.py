@@ -138,7 +138,9 @@ def test_generate_and_generate_stream_give_this_projects_greedy_tokens(packaged,
     status, body = post(f"{url}/v2/models/gpt2/generate_stream", {"text_input": PROMPT, "max_tokens": 12, "stream": True})
     events = [json.loads(line[len("data: "):]) for line in body.splitlines() if line.startswith("data: ")]
     streamed = [t for e in events for t in (e["output_ids"] if isinstance(e["output_ids"], list) else [e["output_ids"]])]
-    assert status == 200 and streamed == want and len(events) == len(want)
+    # a response a step, or several steps' tokens in one where the sender fell behind the steps; the last says why it ended
+    assert status == 200 and streamed == want and len(events) <= len(want)
+    assert [("finish_reason" in e) for e in events] == [False] * (len(events) - 1) + [True]
     assert "".join(e["text_output"] for e in events) == whole["text_output"]
 
 

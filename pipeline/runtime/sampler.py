@@ -35,6 +35,8 @@ BLOCK = 2048  # the vocabulary is walked in blocks: each block's maximum and mas
 # the table's columns
 FLOATS = ("temperature", "top_p", "repetition", "presence", "frequency")
 INTS = ("top_k", "seed", "stream", "penalized")
+# a row's first draw, as the sampler's first launch leaves it for the second (tokens as floats: exact below 2^24)
+DRAW = ("checked", "at", "drawn", "argmax", "top", "total")
 
 MASK32 = 0xFFFFFFFF
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
@@ -47,13 +49,15 @@ class SamplingTable:
     ints [R, 4] int64 (INTS: top_k 0 for off, seed, stream = the prompt's index in its request,
     penalized 0/1), counts [R, V] int32 (how often each token was picked), prompt [R, V] bool (which
     tokens the prompt holds). A row's counts and prompt marks are read only where it is penalized.
-    partials [R, blocks, 3] f32 and arrivals [R] int32 (zero between launches): the kernel's scratch,
-    each block's maximum, mass and argmax, merged by the row's last program to arrive."""
+    partials [R, blocks, 3] f32, draws [R, DRAW] f32 and arrivals [R] int32 (zero between launches):
+    the kernel's scratch, each block's maximum, mass and argmax merged by the row's last program to
+    arrive, and the row's first draw (DRAW's fields) that the acceptance launch checks."""
     floats: torch.Tensor
     ints: torch.Tensor
     counts: torch.Tensor
     prompt: torch.Tensor
     partials: torch.Tensor
+    draws: torch.Tensor
     arrivals: torch.Tensor
 
     @classmethod
@@ -61,12 +65,13 @@ class SamplingTable:
         return cls(torch.zeros(rows, len(FLOATS), device=device), torch.zeros(rows, len(INTS), dtype=torch.long, device=device),
                    torch.zeros(rows, vocab, dtype=torch.int32, device=device),
                    torch.zeros(rows, vocab, dtype=torch.bool, device=device),
-                   torch.zeros(rows, -(-vocab // BLOCK), 3, device=device), torch.zeros(rows, dtype=torch.int32, device=device))
+                   torch.zeros(rows, -(-vocab // BLOCK), 3, device=device), torch.zeros(rows, len(DRAW), device=device),
+                   torch.zeros(rows, dtype=torch.int32, device=device))
 
     def first(self, rows: int) -> SamplingTable:
         """The first `rows` rows, as views (a row-count bucket of a larger batch)."""
         return SamplingTable(self.floats[:rows], self.ints[:rows], self.counts[:rows], self.prompt[:rows],
-                             self.partials[:rows], self.arrivals[:rows])
+                             self.partials[:rows], self.draws[:rows], self.arrivals[:rows])
 
     def fill(self, rows: list[int], settings: list[tuple[Sampling, int]], prompts) -> None:
         """Rows `rows` take settings [(sampling, stream)] and, where penalised, their prompt's marks
@@ -129,7 +134,7 @@ def sample(logits: torch.Tensor, table: SamplingTable, positions: torch.Tensor, 
            out: torch.Tensor | None = None) -> torch.Tensor:
     """The next token of each row of logits [n, V] (fp32) -> [n] int64 (into `out` when given): row i
     by table row rows[i] (i without rows), drawing at positions[i] + 1 (positions [n] or [n, 1]: the
-    position of each row's last token). Counts each penalised row's pick. On a GPU one Triton launch."""
+    position of each row's last token). Counts each penalised row's pick. On a GPU two Triton launches."""
     positions = positions.reshape(-1)
     if logits.is_cuda:
         from pipeline.runtime.kernels.sampling_kernels import sample_rows

@@ -39,6 +39,7 @@ reads before its wait was written before the step began."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -397,19 +398,29 @@ def head_normalized_apart(m: int) -> bool:
 
 def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
     """Tile sizes for one fused linear, chosen by timing every GPT-2 124M shape at batch 1, 8 and 64
-    on an H200 (docs/journal/decode_notes_h200.md has the sweeps). A decode step's matrices are
-    far too small to fill 132 multiprocessors with big tiles. One row (batch 1) takes row products:
-    4-8 output columns per program, 576 to 6,288 programs for GPT-2 124M, each loading its whole K
-    slice at once. More rows take narrow tensor-core tiles and, where the epilogue is a plain sum
-    (the residual projections), split K, so that each launch runs 70 to 400 programs."""
+    on an H200 (docs/journal/decode_notes_h200.md has the sweeps), then the wider models' (1,024 to
+    1,600: `width` below) product by product (docs/journal/performance.md, "tiles for the wider
+    shapes"). A decode step's matrices are far too small to fill 132 multiprocessors with big tiles.
+    One row (batch 1) takes row products: 4-8 output columns per program, 576 to 6,288 programs for
+    GPT-2 124M, each loading its whole K slice at once, with fewer warps the longer the slice. More
+    rows take narrow tensor-core tiles and, where the epilogue is a plain sum (the residual
+    projections), split K, so that each launch runs 70 to 400 programs."""
+    width = n if residual else k  # the model's: the residual projections write it, the others read it
+    wide = width >= 1024 and n <= 8192  # the LM head keeps its tiles at every width
     if m == 1:
         if residual:  # K slices of 64-256 (768 / 12, 3072 / 12): among the sweep's best for both projections
             split = max((s for s in (2, 3, 4, 6, 8, 12) if k % s == 0 and k // s >= 64), default=1)
+            if wide:
+                return LinearConfig(1, 8, 0, _row_split(k), warps=2 if k >= 5120 else 4)
             return LinearConfig(1, 8, 0, split)
+        if wide:
+            return LinearConfig(1, 4, 0, warps=1 if width >= 1280 else 2)
         return LinearConfig(1, 8, 0, warps=2) if n > 8192 else LinearConfig(1, 4, 0)
     block_k = min(128, triton.next_power_of_2(k))
     small = m <= 16
     if residual:
+        if wide and small and width < 1600:  # at 8 rows 64-wide K tiles split up to 8 ways, 32 columns a tile
+            return LinearConfig(16, 32, *_k_split(k, 64))
         block_k, split = _k_split(k, block_k)
         if small:
             return LinearConfig(16, 16, block_k, split, warps=4)
@@ -420,7 +431,20 @@ def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
         if head_normalized_apart(m):
             return LinearConfig(64, 128, 64, warps=4, stages=3)
         return LinearConfig(16, 256, 64, warps=8, stages=4)
-    return LinearConfig(16, 32, block_k, warps=4) if small else LinearConfig(16, 128, block_k, warps=4, stages=4)
+    if small:
+        return LinearConfig(16, 32, block_k, warps=4)
+    if wide and k % 128:  # 1,600: K tiles that divide K, 32 rows a tile
+        return LinearConfig(32, 128, 64, warps=4, stages=3)
+    return LinearConfig(16, 128, block_k, warps=4, stages=4)
+
+
+def _row_split(k: int) -> int:
+    """K slices for a wide model's row product (each program loads its slice padded to a power of
+    two): the fewest padded lanes, then the slice nearest 256 (1,024 -> 4, 4,096 -> 8, 1,280 -> 5,
+    5,120 -> 5, 1,600 -> 8, 6,400 -> 8: the sweep's best)."""
+    def cost(s: int) -> tuple[float, float]:
+        return triton.next_power_of_2(k // s) / (k // s), abs(math.log2(k / s / 256))
+    return min((s for s in (8, 5, 4, 2) if k % s == 0), key=cost, default=1)
 
 
 def _k_split(k: int, block_k: int) -> tuple[int, int]:

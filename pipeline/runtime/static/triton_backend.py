@@ -2,8 +2,8 @@
 its elementwise work fused (prefill_kernels); each decode step is five Triton kernels per layer
 (triton_kernels) captured into one CUDA graph, with attention that reads only the filled part of
 the cache; a greedy step adds one launch that picks the token from the LM head's per-program
-maxima, advances the step's inputs and embeds the next step's token; a sampled step, one that draws
-each row's token from the logits by its settings (sampling_kernels) and does the same."""
+maxima, advances the step's inputs and embeds the next step's token; a sampled step, two that draw
+each row's token from the logits by its settings and check it (sampling_kernels) and do the same."""
 
 from __future__ import annotations
 
@@ -99,13 +99,13 @@ class TritonBackend(StaticCacheBackend):
                        s.slot_mask, b["arrivals"], embedding=(net.wte, net.wpe, b["x"]), pdl=self.pdl_capable)
 
     def sampled_step(self, s: CacheSlot) -> None:
-        """As StaticCacheBackend.sampled_step, in one launch after the step's: the sampler draws each
+        """As StaticCacheBackend.sampled_step, in two launches after the step's: the sampler draws each
         row's token from the logits and does greedy_advance's work."""
         net, b = self.net, s.scratch
         logits = self.decode_step(s, embedded=True)
         sample_rows(logits, s.sampling, s.position, advance=dict(
             token=s.token, tokens=s.greedy_tokens, step=s.step, advance=s.advance, start=s.start, slot_mask=s.slot_mask,
-            arrivals=b["arrivals"], wte=net.wte, wpe=net.wpe, x=b["x"]))
+            arrivals=b["arrivals"], wte=net.wte, wpe=net.wpe, x=b["x"]), pdl=self.pdl_capable)
 
     def decode_step(self, s: CacheSlot, argmax: tuple[torch.Tensor, torch.Tensor] | None = None,
                     embedded: bool = False) -> torch.Tensor | None:

@@ -1,0 +1,59 @@
+"""The triton fp16 decode step of gpt2-medium / large / xl (random weights) under two tile rules in
+one process, alternated twice: `linear_config` of the tree before (unpacked in .ab/old by
+`git archive <commit> pipeline | tar -x -C .ab/old`) and of this one -> ms a greedy step at batch
+1 / 8 / 64 (prompt 128, 128 steps of CUDA-graph replays, after a warm-up generation).
+python3 docs/journal/probes/shapes_h200/step_ab.py [preset ...]"""
+
+import importlib.util
+import sys
+import time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from pipeline.config import PRESETS
+from pipeline.runtime.generate import Generator
+from pipeline.runtime.kernels import triton_kernels
+from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.static.triton_backend import TritonBackend
+
+spec = importlib.util.spec_from_file_location("old_kernels", ".ab/old/pipeline/runtime/kernels/triton_kernels.py")
+old = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = old  # dataclasses look their module up
+spec.loader.exec_module(old)
+RULES = {"old": old.linear_config, "new": triton_kernels.linear_config}
+GREEDY = Sampling(max_new_tokens=128, stop_tokens=())
+
+
+def step_ms(backend: TritonBackend, batch: int) -> float:
+    prompts = torch.randint(0, 50000, (batch, 128)).numpy()
+    generator = Generator(backend)
+    generator.generate(prompts, GREEDY)  # captures this batch's graphs
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    generator.generate(prompts, GREEDY)
+    torch.cuda.synchronize()
+    whole = time.perf_counter() - start
+    one = Sampling(max_new_tokens=1, stop_tokens=())
+    start = time.perf_counter()
+    generator.generate(prompts, one)  # the prefill alone, taken off
+    torch.cuda.synchronize()
+    return (whole - (time.perf_counter() - start)) / 127 * 1e3
+
+
+for preset in sys.argv[1:] or ["gpt2-medium", "gpt2-large", "gpt2-xl"]:
+    shape = PRESETS[preset]["model"]
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = GPT2LMHeadModel(GPT2Config(**shape)).half().eval()
+    model = model.cpu()  # the backends take a loaded (host) model and copy what they need
+    for round_ in (1, 2):
+        for name, rule in RULES.items():
+            triton_kernels.linear_config = rule  # fused_linear reads the module's name at each call
+            backend = TritonBackend(model, "fp16", "cuda")
+            times = [step_ms(backend, b) for b in (1, 8, 64)]
+            print(f"{preset} {name} {round_}: ms a step at batch 1 / 8 / 64: " + " / ".join(f"{t:.3f}" for t in times),
+                  flush=True)
+            del backend
+    del model
+    torch.cuda.empty_cache()
