@@ -10,7 +10,7 @@
 # With SAMPLER=1 first the sampler alone, the offline bench with --sample and
 # `gpt2-deploy serve`'s greedy, sampled and mixed streaming loads; then (both ways) the generation model
 # with the triton backend inside, served by tritonserver, under streaming loads at 1 and 64 clients,
-# and `gpt2-deploy serve` on the same run beside it.
+# and `gpt2-deploy serve` on the same run beside it (TRITON_ONLY=1: Triton's greedy loads alone).
 . "$(dirname "$0")/../shapes_h200/sitting.sh"
 R="--preset gpt2 --run tr"
 LT="$G loadtest http://127.0.0.1:8000 --duration 8 --warmup 3"
@@ -32,28 +32,30 @@ if [ -n "${SAMPLER:-}" ]; then
   step bench 150 $G bench $R --device cuda --backend triton --precision fp16 --sample --batch 1,8,64 --repeats 2
   cp artifacts/tr/reports/bench.json $OUT/bench.json
 fi
-$G serve $R --device cuda --backend triton --precision fp16 > /tmp/serve.log 2>&1 &
-SP=$!
-ready serve 150 /ready $SP
-serve_loads greedy --concurrency 1,64
-if [ -n "${SAMPLER:-}" ]; then
-  serve_loads sampled --concurrency 1,64 --temperature 0.8 --top-p 0.95
-  serve_loads mixed --concurrency 64 --temperature 0.8 --top-p 0.95 --sampled-share 0.5 --spread 0.9
+if [ -z "${TRITON_ONLY:-}" ]; then
+  $G serve $R --device cuda --backend triton --precision fp16 > /tmp/serve.log 2>&1 &
+  SP=$!
+  ready serve 150 /ready $SP
+  serve_loads greedy --concurrency 1,64
+  if [ -n "${SAMPLER:-}" ]; then
+    serve_loads sampled --concurrency 1,64 --temperature 0.8 --top-p 0.95
+    serve_loads mixed --concurrency 64 --temperature 0.8 --top-p 0.95 --sampled-share 0.5 --spread 0.9
+  fi
+  kill -INT $SP; wait $SP
 fi
-kill -INT $SP; wait $SP
 # Triton: a venv of numpy 1 before the machine's packages (its user site too, which a venv leaves out)
 python3 -m venv /tmp/tenv && /tmp/tenv/bin/python -m pip install -q --no-index --no-deps .tw/*.whl $(ls /tmp/parts/*.whl 2>/dev/null)
 python3 -c "import site; print('import site; ' + '; '.join(f'site.addsitedir({d!r})' for d in [*site.getsitepackages(), site.getusersitepackages()]))" \
   > "$(/tmp/tenv/bin/python -c 'import site; print(site.getsitepackages()[0])')/machine.pth"
 mkdir -p /tmp/tsite && tar -C /tmp/tsite -xJf .tw/pytriton-slim.tar.xz
 TP="env PYTHONPATH=/tmp/site:/tmp/tsite:$PWD /tmp/tenv/bin/python"
-step "model imports" 120 $TP -c "import numpy, scipy, transformers; from transformers import GPT2LMHeadModel; import pipeline.triton_model; print('numpy', numpy.__version__, 'scipy', scipy.__version__)"
+step "model imports" 120 $TP -c "import numpy, scipy, transformers; from transformers import GPT2LMHeadModel; print('numpy', numpy.__version__, 'scipy', scipy.__version__)"
 step package 120 $G package $R --backend triton --precision fp16 --device cuda
 $TP -m pipeline.cli triton-server artifacts/tr/triton > /tmp/triton.log 2>&1 &
 TS=$!
 ready triton 240 /v2/health/ready $TS
 step "triton greedy" 60 $LT --concurrency 1,64 --triton-model gpt2 --out /tmp/t_greedy && cp /tmp/t_greedy/loadtest.json $OUT/loadtest_t_greedy.json
-step "triton sampled" 60 $LT --concurrency 64 --temperature 0.8 --top-p 0.95 --triton-model gpt2 --out /tmp/t_sampled && cp /tmp/t_sampled/loadtest.json $OUT/loadtest_t_sampled.json
+[ -z "${TRITON_ONLY:-}" ] && step "triton sampled" 60 $LT --concurrency 64 --temperature 0.8 --top-p 0.95 --triton-model gpt2 --out /tmp/t_sampled && cp /tmp/t_sampled/loadtest.json $OUT/loadtest_t_sampled.json
 kill -INT $TS; wait $TS; echo "== triton exit $?" >> $L
 grep -a -E "error|Error|READY|UNAVAILABLE" /tmp/triton.log | head -20 >> $L
 grep -E "^==|^sampler|^loadtest|passed|failed|rc [1-9]|rror|numpy" $L
