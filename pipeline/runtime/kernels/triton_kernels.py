@@ -408,10 +408,10 @@ def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
     width = n if residual else k  # the model's: the residual projections write it, the others read it
     wide = width >= 1024 and n <= 8192  # the LM head keeps its tiles at every width
     if m == 1:
+        if residual and wide:
+            return LinearConfig(1, 8, 0, _row_split(k), warps=2 if k >= 5120 else 4)
         if residual:  # K slices of 64-256 (768 / 12, 3072 / 12): among the sweep's best for both projections
             split = max((s for s in (2, 3, 4, 6, 8, 12) if k % s == 0 and k // s >= 64), default=1)
-            if wide:
-                return LinearConfig(1, 8, 0, _row_split(k), warps=2 if k >= 5120 else 4)
             return LinearConfig(1, 8, 0, split)
         if wide:
             return LinearConfig(1, 4, 0, warps=1 if width >= 1280 else 2)
