@@ -84,9 +84,22 @@ def _layer_norm_kernel(x_ptr, out_ptr, eps, C: tl.constexpr, BLOCK_C: tl.constex
 
 
 @triton.jit
+def _int8_as_fp16(w):
+    """int8 weights to fp16 four at a time by their bits: each byte, its sign bit flipped, is the low
+    byte of the fp16 1,024 + byte + 128, less 1,152 (exact); three instructions where a convert per
+    weight runs at a quarter of the multiprocessor's rate and left int8 slower than fp8
+    (docs/journal/performance.md). Inline PTX: the interpreter converts plainly instead (INT8_BY_BITS)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 b, c; xor.b32 b, $2, 0x80808080; mov.b32 c, 0x64806480; "
+        "prmt.b32 $0, b, 0x64646464, 0x5150; prmt.b32 $1, b, 0x64646464, 0x5352; "
+        "sub.f16x2 $0, $0, c; sub.f16x2 $1, $1, c; }",
+        "=r,=r,r", [w], dtype=tl.float16, is_pure=True, pack=4)
+
+
+@triton.jit
 def _tile_product(x_ptr, w_ptr, w_sums_ptr, scale_ptr, rm, rn, row_in, col_in, eps, K: tl.constexpr, LN: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SPLIT_K: tl.constexpr, REF_COLS: tl.constexpr, SCALED: tl.constexpr):
+                  SPLIT_K: tl.constexpr, REF_COLS: tl.constexpr, SCALED: tl.constexpr, INT8_BY_BITS: tl.constexpr):
     """LN?(x[rm]) @ w[rn]^T over this program's K slice, as tensor-core tiles walked along K.
 
     The layer norm takes no pass over x of its own: the product runs on x - r, r each row's mean of
@@ -113,8 +126,8 @@ def _tile_product(x_ptr, w_ptr, w_sums_ptr, scale_ptr, rm, rn, row_in, col_in, e
             total += x  # summed across K once, after the loop
             squares += x * x
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
-        if SCALED:  # int8 weights: exact in fp16, the product's type; each output's scale comes after
-            w = w.to(tl.float16)
+        if SCALED:  # int8 or fp8 weights: exact in fp16, the product's type; each output's scale comes after
+            w = _int8_as_fp16(w) if INT8_BY_BITS else w.to(tl.float16)
         acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=DOT_PRECISION)
     if SCALED:  # before the layer norm's correction, which takes the scaled (real) weights' sums
         acc *= tl.load(scale_ptr + rn, mask=col_in, other=0.0)[None, :]
@@ -127,7 +140,7 @@ def _tile_product(x_ptr, w_ptr, w_sums_ptr, scale_ptr, rm, rn, row_in, col_in, e
 
 @triton.jit
 def _row_product(x_ptr, w_ptr, row, rn, col_in, eps, K: tl.constexpr, LN: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+                 SPLIT_K: tl.constexpr, PDL: tl.constexpr, INT8_BY_BITS: tl.constexpr):
     """LN?(x[row]) @ w[rn]^T over this program's K slice, [1, BLOCK_N], in CUDA-core FMAs with the
     whole slice in one load (BLOCK_K >= K / SPLIT_K). For one row a step reads each weight once and
     does almost no arithmetic, so what counts is how many of its bytes are in flight: all of them,
@@ -141,6 +154,8 @@ def _row_product(x_ptr, w_ptr, row, rn, col_in, eps, K: tl.constexpr, LN: tl.con
     x = tl.load(x_ptr + row * K + rk, mask=k_in, other=0.0).to(tl.float32)
     if LN:  # SPLIT_K is 1 here: the slice is the whole row, in registers
         x = normalized_rows(x, k_in, K, eps)
+    if INT8_BY_BITS:
+        w = _int8_as_fp16(w)
     return tl.sum(w.to(tl.float32) * x[None, :], 1)[None, :]
 
 
@@ -153,7 +168,8 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr, scale_ptr,
                          RESIDUAL: tl.constexpr, QKV: tl.constexpr, DOT_PRECISION: tl.constexpr,
                          best_ptr, best_index_ptr, ARGMAX: tl.constexpr, STORE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                         REF_COLS: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, SCALED: tl.constexpr):
+                         REF_COLS: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, SCALED: tl.constexpr,
+                         INT8_BY_BITS: tl.constexpr):
     """out[M, N] = epilogue(LN?(x[M, K]) @ w[N, K]^T), as tensor-core tiles or, BLOCK_M 1, one row
     per program in row products (_tile_product, _row_product).
 
@@ -178,14 +194,14 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr, scale_ptr,
     if QKV:
         slot = tl.load(slot_ptr)
     if BLOCK_M == 1:
-        acc = _row_product(x_ptr, w_ptr, tl.program_id(0), rn, col_in, eps, K, LN, BLOCK_K, SPLIT_K, PDL)
+        acc = _row_product(x_ptr, w_ptr, tl.program_id(0), rn, col_in, eps, K, LN, BLOCK_K, SPLIT_K, PDL, INT8_BY_BITS)
         if SCALED:
             acc *= tl.load(scale_ptr + rn, mask=col_in, other=0.0)[None, :]
     else:
         if PDL:
             gdc_wait()
         acc = _tile_product(x_ptr, w_ptr, w_sums_ptr, scale_ptr, rm, rn, row_in, col_in, eps, K, LN, DOT_PRECISION,
-                            BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, REF_COLS, SCALED)
+                            BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, REF_COLS, SCALED, INT8_BY_BITS)
     if PDL and not EARLY:  # this program's loads are done: the next launch may take multiprocessors as they free
         gdc_launch_dependents()
     if BIAS:
@@ -396,7 +412,7 @@ def head_normalized_apart(m: int) -> bool:
     return m > 16
 
 
-def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
+def linear_config(m: int, n: int, k: int, residual: bool, narrow: bool = False) -> LinearConfig:
     """Tile sizes for one fused linear, chosen by timing every GPT-2 124M shape at batch 1, 8 and 64
     on an H200 (docs/journal/decode_notes_h200.md has the sweeps), then the wider models' (1,024 to
     1,600: `width` below) product by product (docs/journal/performance.md, "tiles for the wider
@@ -404,9 +420,12 @@ def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
     One row (batch 1) takes row products: 4-8 output columns per program, 576 to 6,288 programs for
     GPT-2 124M, each loading its whole K slice at once, with fewer warps the longer the slice. More
     rows take narrow tensor-core tiles and, where the epilogue is a plain sum (the residual
-    projections), split K, so that each launch runs 70 to 400 programs."""
+    projections), split K, so that each launch runs 70 to 400 programs. narrow: one-byte weights
+    (int8, fp8), whose tiles differ where their own sweep found better (_one_byte_config)."""
     width = n if residual else k  # the model's: the residual projections write it, the others read it
     wide = width >= 1024 and n <= 8192  # the LM head keeps its tiles at every width
+    if narrow and (config := _one_byte_config(m, n, k, residual, wide)):
+        return config
     if m == 1:
         if residual and wide:
             return LinearConfig(1, 8, 0, _row_split(k), warps=2 if k >= 5120 else 4)
@@ -438,6 +457,24 @@ def linear_config(m: int, n: int, k: int, residual: bool) -> LinearConfig:
     return LinearConfig(16, 128, block_k, warps=4, stages=4)
 
 
+def _one_byte_config(m: int, n: int, k: int, residual: bool, wide: bool) -> LinearConfig | None:
+    """Tiles for int8 / fp8 weights where their sweep at every width beat fp16's (docs/journal/
+    performance.md, "one-byte weights"); None where fp16's are as good. One row: half the bytes a
+    program, so four warps load them. The residual products: 128-wide K tiles split into whole tiles,
+    32 columns a tile (64 above 16 rows). Above 16 rows the QKV and fc products' 16 x 128 tiles four
+    stages deep at every width; at 2-16 rows the LM head's 16 x 128 tiles (its 256-wide ones wait
+    longer on the conversion)."""
+    if n > 8192:
+        return LinearConfig(16, 128, 64) if 1 < m <= 16 else None
+    if m == 1:
+        return LinearConfig(1, 4, 0, _row_split(k) if residual else 1, warps=4)
+    if residual:
+        return LinearConfig(32 if wide and m > 16 else 16, 32 if m <= 16 else 64, *_k_split(k, 128))
+    if m > 16:
+        return LinearConfig(16, 128, 128 if k % 128 == 0 else 64, stages=4)
+    return None
+
+
 def _row_split(k: int) -> int:
     """K slices for a wide model's row product (each program loads its slice padded to a power of
     two): the fewest padded lanes, then the slice nearest 256 (1,024 -> 4, 4,096 -> 8, 1,280 -> 5,
@@ -459,12 +496,21 @@ def _k_split(k: int, block_k: int) -> tuple[int, int]:
     return min(128, triton.next_power_of_2(k)), 1
 
 
-def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [..., N, K] -> (int8 [..., N, K], fp32 scale [..., N]): each output row symmetric, its absolute
-    maximum at 127, as export's int8-wo graph quantises its weights (export/graph_passes.py)."""
+# the narrow weight types the products read with a scale per output, and each one's largest value
+NARROW_WEIGHTS = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
+
+
+def quantize_rows(w: torch.Tensor, dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [..., N, K] -> (dtype [..., N, K], fp32 scale [..., N]): each output row symmetric, its absolute
+    maximum at the type's largest value; int8 rounds to the nearest integer, as export's int8-wo graph
+    quantises its weights (export/graph_passes.py), fp8 (e4m3) to the nearest of its values."""
+    top = NARROW_WEIGHTS[dtype]
     absmax = w.float().abs().amax(-1)
-    scale = torch.where(absmax > 0, absmax / 127.0, torch.ones_like(absmax))
-    return torch.clamp(torch.round(w.float() / scale[..., None]), -127, 127).to(torch.int8), scale
+    scale = torch.where(absmax > 0, absmax / top, torch.ones_like(absmax))
+    scaled = w.float() / scale[..., None]
+    if dtype == torch.int8:
+        scaled = torch.round(scaled)
+    return torch.clamp(scaled, -top, top).to(dtype), scale
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -487,11 +533,11 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
     out None only those. config
     overrides the tuned tiles (tests, tuning). pdl: programmatic dependent launch, early: with the next
     launch let start at once rather than after this one's loads (module docstring). scale: fp32 [>= n],
-    with int8 w (quantize_rows): each output's scale, applied to the product in registers (the weights
-    are read as int8, half the bytes); ln's w_sums are then the scaled weights' sums."""
+    with int8 or fp8 w (quantize_rows): each output's scale, applied to the product in registers (the
+    weights are read in one byte each, half fp16's); ln's w_sums are then the scaled weights' sums."""
     m, k = x.shape
     n = w.shape[0] if n is None else n
-    cfg = config or linear_config(m, n, k, residual)
+    cfg = config or linear_config(m, n, k, residual, narrow=w.dtype in NARROW_WEIGHTS)
     if cfg.block_m == 1:  # row products: each program loads its whole K slice, so block_k is not a choice
         block_k, k_step = triton.next_power_of_2(k // cfg.split_k), 1
     else:
@@ -513,8 +559,8 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
     if out is None and argmax is None:
         raise ValueError("out is None: only a product that leaves its argmax may skip its output")
     best, best_index = argmax if argmax is not None else (w, w)
-    if (scale is None) != (w.dtype != torch.int8):
-        raise ValueError(f"w is {w.dtype}: int8 weights take their scale, float ones none")
+    if (scale is None) != (w.dtype not in NARROW_WEIGHTS):
+        raise ValueError(f"w is {w.dtype}: int8 and fp8 weights take their scale, fp16 and fp32 ones none")
     _fused_linear_kernel[grid](
         x, w, bias if bias is not None else w, out if out is not None else w, w_sums, scale if scale is not None else w,
         k_cache, v_cache, slot, k_cache.stride(0), k_cache.stride(1) if qkv is not None else 0,
@@ -525,7 +571,9 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
         best_ptr=best, best_index_ptr=best_index, ARGMAX=argmax is not None, STORE=out is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, SPLIT_K=cfg.split_k,
         REF_COLS=min(64, 1 << (k.bit_length() - 1)),  # a power of two, at most K
-        PDL=pdl, EARLY=early, SCALED=scale is not None, launch_pdl=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
+        PDL=pdl, EARLY=early, SCALED=scale is not None,
+        INT8_BY_BITS=w.dtype == torch.int8 and w.is_cuda,  # inline PTX: the interpreter converts plainly
+        launch_pdl=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
 
 
 @dataclass(frozen=True)
@@ -594,9 +642,10 @@ def embed(token: torch.Tensor, position: torch.Tensor, wte: torch.Tensor, wpe: t
     _embed_kernel[(x.shape[0],)](token, position, wte, wpe, x, C=c, BLOCK_C=triton.next_power_of_2(c))
 
 
-def argmax_partials(m: int, vocab: int, k: int) -> int:
-    """How many per-program maxima fused_linear(..., argmax=) writes per row for an LM head of this shape."""
-    return triton.cdiv(vocab, linear_config(m, vocab, k, residual=False).block_n)
+def argmax_partials(m: int, vocab: int, k: int, narrow: bool = False) -> int:
+    """How many per-program maxima fused_linear(..., argmax=) writes per row for an LM head of this
+    shape (narrow: over int8 or fp8 weights)."""
+    return triton.cdiv(vocab, linear_config(m, vocab, k, residual=False, narrow=narrow).block_n)
 
 
 def greedy_advance(best: torch.Tensor, best_index: torch.Tensor, token: torch.Tensor, tokens: torch.Tensor,

@@ -71,7 +71,8 @@ class TritonBackend(StaticCacheBackend):
                      "hidden": torch.empty(batch, 4 * net.n_embd, dtype=dtype, device=self.device),
                      "normalized": torch.empty(batch, net.n_embd, dtype=dtype, device=self.device),  # the LM head's input
                      "logits": torch.empty(batch, self.vocab_size, **f32)}
-        partials = argmax_partials(batch, self.vocab_size, net.n_embd)  # greedy_step's argmax, in two stages
+        # greedy_step's argmax, in two stages
+        partials = argmax_partials(batch, self.vocab_size, net.n_embd, narrow=self.decode_weights.narrow)
         shares = attention_config(batch, filled=self.reads_from_first(length))
         s.scratch.update(best=torch.empty(batch, partials, **f32),
                          best_index=torch.empty(batch, partials, dtype=torch.int32, device=self.device),
@@ -151,6 +152,7 @@ class DecodeWeights:
     output's weights summed (the tiles normalise after the product: _tile_product)."""
 
     def __init__(self, net, int8: bool):
+        self.narrow = int8  # one-byte weights: their own tiles (linear_config)
         self.weights: dict[str, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = {}
         for name, w in (("qkv", net.qkv_w), ("proj", net.proj_w), ("fc", net.fc_w), ("fc2", net.fc2_w),
                         ("head", net.head_w)):

@@ -6,7 +6,7 @@ import pytest
 from pipeline.config import PRESETS, load_config
 
 pytest.importorskip("triton")
-from pipeline.runtime.kernels.triton_kernels import attention_config, linear_config  # noqa: E402
+from pipeline.runtime.kernels.triton_kernels import LinearConfig, attention_config, linear_config  # noqa: E402
 
 
 def step_products(n_embd: int, vocab: int) -> list[tuple[int, int, bool]]:
@@ -15,15 +15,17 @@ def step_products(n_embd: int, vocab: int) -> list[tuple[int, int, bool]]:
             (n_embd, 4 * n_embd, True), (vocab, n_embd, False)]
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["fp16-weights", "one-byte-weights"])
 @pytest.mark.parametrize("preset", [*PRESETS, "25-heads-of-16"])
-def test_every_shape_and_batch_gets_a_configuration_its_kernel_takes(preset):
+def test_every_shape_and_batch_gets_a_configuration_its_kernel_takes(preset, narrow):
     """gpt2-xl's 1,600-wide rows are no multiple of the 128-wide K tile: the chooser once found no
-    split there and raised at batch 8 and 64. Whatever it picks must be a split the kernel accepts."""
+    split there and raised at batch 8 and 64. Whatever it picks, for fp16 weights or one-byte ones,
+    must be a split the kernel accepts."""
     model = load_config(preset).model if preset in PRESETS else load_config("tiny", overrides=["model.n_embd=400",
                                                                                                 "model.n_head=25"]).model
     for rows in range(1, 65):
         for n, k, residual in step_products(model.n_embd, model.vocab_size):
-            cfg = linear_config(rows, n, k, residual)
+            cfg = linear_config(rows, n, k, residual, narrow)
             assert cfg.block_n > 0 and cfg.split_k >= 1
             if cfg.split_k > 1:
                 assert residual
@@ -38,6 +40,35 @@ def test_the_124m_shape_keeps_its_measured_tiles_and_gpt2_xl_takes_narrower_ones
     assert (linear_config(64, 768, 768, True).block_k, linear_config(64, 768, 768, True).split_k) == (128, 6)
     assert (linear_config(64, 768, 3072, True).block_k, linear_config(64, 768, 3072, True).split_k) == (128, 8)
     assert linear_config(8, 768, 1600, True).split_k == 5 and linear_config(8, 768, 1600, True).block_k == 64
+
+
+def test_one_byte_weights_take_their_own_tiles_where_their_sweep_found_better():
+    """int8 / fp8 weights (docs/journal/performance.md, "one-byte weights"): one row in four warps,
+    8 rows of the residual products in 128-wide K tiles, 64 rows of gpt2-xl's QKV in 16-row tiles;
+    an LM head over one row keeps fp16's."""
+    assert linear_config(1, 4800, 1600, False, narrow=True) == LinearConfig(1, 4, 0, 1, warps=4)
+    assert linear_config(1, 1600, 6400, True, narrow=True).split_k == 8
+    assert linear_config(8, 768, 3072, True, narrow=True) == LinearConfig(16, 32, 128, 8)
+    assert linear_config(64, 4800, 1600, False, narrow=True) == LinearConfig(16, 128, 64, stages=4)
+    assert linear_config(1, 50257, 768, False, narrow=True) == linear_config(1, 50257, 768, False)
+    assert linear_config(8, 50257, 768, False, narrow=True).block_n == 128
+
+
+def test_quantize_rows_to_fp8_puts_each_rows_maximum_at_448_and_rounds_to_e4m3():
+    """fp8 (e4m3) weights: each output row's absolute maximum maps to 448, e4m3's largest value, and
+    every weight to the e4m3 value nearest it / scale (torch's cast, round to nearest even)."""
+    import torch
+
+    from pipeline.runtime.kernels.triton_kernels import quantize_rows
+
+    torch.manual_seed(0)
+    w = torch.randn(40, 24)
+    q, scale = quantize_rows(w, torch.float8_e4m3fn)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (40,)
+    torch.testing.assert_close(scale, w.abs().amax(-1) / 448, rtol=1e-6, atol=0)
+    assert q.float().abs().amax(-1).eq(448).all()
+    assert torch.equal(q, (w / scale[:, None]).to(torch.float8_e4m3fn))
+    assert ((q.float() * scale[:, None] - w).abs() <= w.abs() / 16 + 1e-6).all()  # 3 mantissa bits
 
 
 def test_quantize_rows_is_the_int8_wo_exports_per_output_symmetric_int8():

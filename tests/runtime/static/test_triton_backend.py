@@ -67,16 +67,17 @@ def test_an_odd_head_count_and_widths_no_tile_divides_match_static_gpt2():
     assert compare_logits(decode_logits(TritonBackend(odd, "fp32", "cpu"), batch), reference)["rel_error"] < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn], ids=["int8", "fp8"])
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("ln, residual, split_k", [(False, False, 1), (True, False, 1), (False, True, 2)])
-def test_int8_weights_read_in_the_kernel_equal_dequantise_then_matmul(rows, ln, residual, split_k):
-    """fused_linear over int8 weights and their scales (row products at one row, tiles at three, with
-    the folded layer norm, and split K into a residual) against the same product in fp32 over the
+def test_one_byte_weights_read_in_the_kernel_equal_dequantise_then_matmul(rows, ln, residual, split_k, dtype):
+    """fused_linear over int8 or fp8 weights and their scales (row products at one row, tiles at three,
+    with the folded layer norm, and split K into a residual) against the same product in fp32 over the
     dequantised weights (within fp16's rounding: the tiles take x, or its layer norm, in fp16, the
     activations' type in int8-wo)."""
     torch.manual_seed(2)
     x, w = (torch.randn(rows, 64) * 2 + 0.5).half().float(), torch.randn(48, 64)
-    q, scale = quantize_rows(w)
+    q, scale = quantize_rows(w, dtype)
     real = q.float() * scale[:, None]
     bias = torch.randn(48)
     out = torch.randn(rows, 48) if residual else torch.empty(rows, 48)
@@ -87,7 +88,7 @@ def test_int8_weights_read_in_the_kernel_equal_dequantise_then_matmul(rows, ln, 
     fused_linear(x, q, out, bias, ln=(real.sum(1), 1e-5) if ln else None, residual=residual, scale=scale,
                  config=LinearConfig(block_m, 16, 16 if block_m > 1 else 0, split_k))
     torch.testing.assert_close(out, expected, rtol=2e-3, atol=1e-2)
-    with pytest.raises(ValueError, match="int8 weights take their scale"):
+    with pytest.raises(ValueError, match="fp8 weights take their scale"):
         fused_linear(x, q, torch.empty(rows, 48))
 
 

@@ -1,0 +1,30 @@
+"""The decode products over one-byte weights compiled for a GPU: int8 converted to fp16 by its bits
+(inline PTX, which the interpreter cannot run; tests/runtime/static/test_triton_backend.py checks the
+same kernels interpreted, converting plainly) and fp8, against dequantise-then-matmul."""
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU: on a CPU tests/runtime/static/test_triton_backend.py runs these kernels interpreted",
+                allow_module_level=True)
+from pipeline.runtime.kernels.triton_kernels import fused_linear, quantize_rows  # noqa: E402
+
+DEVICE = torch.device("cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn], ids=["int8", "fp8"])
+@pytest.mark.parametrize("rows", [1, 8, 64])  # row products, then tiles of 16 rows, then wider tiles
+@pytest.mark.parametrize("width, residual", [(768, False), (1600, False), (1600, True)])
+def test_one_byte_weights_equal_dequantise_then_matmul(dtype, rows, width, residual):
+    torch.manual_seed(0)
+    n, k = (width, 4 * width) if residual else (3 * width, width)
+    w = torch.randn(n, k, device=DEVICE) * 0.02
+    w[0, :8] = torch.tensor([-0.5, 0.5, -0.25, 0.25, 0.0, 0.1, -0.1, 0.3])  # both signs and zero, and the row's extreme
+    q, scale = quantize_rows(w, dtype)
+    assert q.dtype == dtype and q.float().abs().amax(-1).eq(127 if dtype == torch.int8 else 448).all()
+    x = torch.randn(rows, k, device=DEVICE).half()
+    out = torch.zeros(rows, n, device=DEVICE, dtype=torch.float32 if residual else torch.float16)
+    fused_linear(x, q, out, bias=torch.zeros(n, device=DEVICE, dtype=torch.float16), residual=residual, scale=scale)
+    expected = x.float() @ (q.float() * scale[:, None]).t()
+    torch.testing.assert_close(out.float(), expected, rtol=2e-3, atol=2e-3)
