@@ -458,16 +458,16 @@ def linear_config(m: int, n: int, k: int, residual: bool, narrow: bool = False) 
 
 
 def _one_byte_config(m: int, n: int, k: int, residual: bool, wide: bool) -> LinearConfig | None:
-    """Tiles for int8 / fp8 weights where their sweep at every width beat fp16's (docs/journal/
-    performance.md, "one-byte weights"); None where fp16's are as good. One row: half the bytes a
-    program, so four warps load them. The residual products: 128-wide K tiles split into whole tiles,
-    32 columns a tile (64 above 16 rows). Above 16 rows the QKV and fc products' 16 x 128 tiles four
-    stages deep at every width; at 2-16 rows the LM head's 16 x 128 tiles (its 256-wide ones wait
-    longer on the conversion)."""
-    if n > 8192:
-        return LinearConfig(16, 128, 64) if 1 < m <= 16 else None
+    """Tiles for int8 / fp8 weights where their sweep at every width beat fp16's and the whole step
+    agreed (docs/journal/performance.md, "one-byte weights"); None where fp16's are as good. The
+    residual products: 128-wide K tiles split into whole tiles, 32 columns a tile (64 above 16 rows).
+    Above 16 rows the QKV and fc products' 16 x 128 tiles four stages deep at every width; at 2-16
+    rows the LM head's 16 x 128 tiles (its 256-wide ones wait longer on the conversion). One row keeps
+    fp16's: four warps a row product won alone and lost in the step (gpt2-xl 1.13 -> 1.28 ms)."""
     if m == 1:
-        return LinearConfig(1, 4, 0, _row_split(k) if residual else 1, warps=4)
+        return None
+    if n > 8192:
+        return LinearConfig(16, 128, 64) if m <= 16 else None
     if residual:
         return LinearConfig(32 if wide and m > 16 else 16, 32 if m <= 16 else 64, *_k_split(k, 128))
     if m > 16:

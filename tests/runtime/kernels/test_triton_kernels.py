@@ -43,14 +43,13 @@ def test_the_124m_shape_keeps_its_measured_tiles_and_gpt2_xl_takes_narrower_ones
 
 
 def test_one_byte_weights_take_their_own_tiles_where_their_sweep_found_better():
-    """int8 / fp8 weights (docs/journal/performance.md, "one-byte weights"): one row in four warps,
-    8 rows of the residual products in 128-wide K tiles, 64 rows of gpt2-xl's QKV in 16-row tiles;
-    an LM head over one row keeps fp16's."""
-    assert linear_config(1, 4800, 1600, False, narrow=True) == LinearConfig(1, 4, 0, 1, warps=4)
-    assert linear_config(1, 1600, 6400, True, narrow=True).split_k == 8
+    """int8 / fp8 weights (docs/journal/performance.md, "one-byte weights"): 8 rows of the residual
+    products in 128-wide K tiles, 64 rows of gpt2-xl's QKV in 16-row tiles, 8 rows of the LM head
+    in 128-wide ones; one row keeps fp16's row products (the whole step's A/B)."""
+    for n, k, residual in ((4800, 1600, False), (1600, 6400, True), (50257, 768, False)):
+        assert linear_config(1, n, k, residual, narrow=True) == linear_config(1, n, k, residual)
     assert linear_config(8, 768, 3072, True, narrow=True) == LinearConfig(16, 32, 128, 8)
     assert linear_config(64, 4800, 1600, False, narrow=True) == LinearConfig(16, 128, 64, stages=4)
-    assert linear_config(1, 50257, 768, False, narrow=True) == linear_config(1, 50257, 768, False)
     assert linear_config(8, 50257, 768, False, narrow=True).block_n == 128
 
 

@@ -14,7 +14,7 @@
 # Every run is `finetune --set train.steps=2 ...` of its preset (random init, two steps).
 set -u
 if [ "$1" = a ]; then
-  bash .whl/wheelparts unpack /tmp/site /tmp/parts .og .whl > /dev/null || exit 1
+  bash .whl/wheelparts unpack /tmp/site /tmp/parts .og > /dev/null || exit 1  # only folders that hold parts
 fi
 . "$(dirname "$0")/sitting.sh"
 FT="--set train.steps=2 --set train.grad_accum=1 --set train.warmup_steps=0 --set train.eval_batches=1 --set train.compile=false"

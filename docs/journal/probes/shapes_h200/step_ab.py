@@ -2,7 +2,9 @@
 one process, alternated twice: `linear_config` of the tree before (unpacked in .ab/old by
 `git archive <commit> pipeline | tar -x -C .ab/old`) and of this one -> ms a greedy step at batch
 1 / 8 / 64 (prompt 128, 128 steps of CUDA-graph replays, after a warm-up generation).
-python3 docs/journal/probes/shapes_h200/step_ab.py [preset ...]"""
+python3 docs/journal/probes/shapes_h200/step_ab.py [preset ...]
+With --int8 first: the int8-wo step instead, under fp16's tiles and under the one-byte weights' own
+(linear_config's narrow), no old tree needed."""
 
 import importlib.util
 import sys
@@ -17,11 +19,17 @@ from pipeline.runtime.kernels import triton_kernels
 from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.static.triton_backend import TritonBackend
 
-spec = importlib.util.spec_from_file_location("old_kernels", ".ab/old/pipeline/runtime/kernels/triton_kernels.py")
-old = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = old  # dataclasses look their module up
-spec.loader.exec_module(old)
-RULES = {"old": old.linear_config, "new": triton_kernels.linear_config}
+INT8 = sys.argv[1:2] == ["--int8"]
+PRECISION = "int8-wo" if INT8 else "fp16"
+if INT8:
+    tiles = triton_kernels.linear_config
+    RULES = {"fp16 tiles": lambda m, n, k, residual, narrow=False: tiles(m, n, k, residual), "one-byte tiles": tiles}
+else:
+    spec = importlib.util.spec_from_file_location("old_kernels", ".ab/old/pipeline/runtime/kernels/triton_kernels.py")
+    old = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = old  # dataclasses look their module up
+    spec.loader.exec_module(old)
+    RULES = {"old": old.linear_config, "new": triton_kernels.linear_config}
 GREEDY = Sampling(max_new_tokens=128, stop_tokens=())
 
 
@@ -41,8 +49,8 @@ def step_ms(backend: TritonBackend, batch: int) -> float:
     return (whole - (time.perf_counter() - start)) / 127 * 1e3
 
 
-for preset in sys.argv[1:] or ["gpt2-medium", "gpt2-large", "gpt2-xl"]:
-    shape = PRESETS[preset]["model"]
+for preset in sys.argv[1 + INT8:] or ["gpt2-medium", "gpt2-large", "gpt2-xl"]:
+    shape = PRESETS[preset].get("model", {})  # gpt2: the defaults
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = GPT2LMHeadModel(GPT2Config(**shape)).half().eval()
@@ -50,7 +58,7 @@ for preset in sys.argv[1:] or ["gpt2-medium", "gpt2-large", "gpt2-xl"]:
     for round_ in (1, 2):
         for name, rule in RULES.items():
             triton_kernels.linear_config = rule  # fused_linear reads the module's name at each call
-            backend = TritonBackend(model, "fp16", "cuda")
+            backend = TritonBackend(model, PRECISION, "cuda")
             times = [step_ms(backend, b) for b in (1, 8, 64)]
             print(f"{preset} {name} {round_}: ms a step at batch 1 / 8 / 64: " + " / ".join(f"{t:.3f}" for t in times),
                   flush=True)
