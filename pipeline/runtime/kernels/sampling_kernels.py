@@ -85,6 +85,16 @@ def _land(logits_row, counts_row, prompt_row, V, penalized, repetition, presence
 
 
 @triton.jit
+def _redraw(logits_row, counts_row, prompt_row, V, penalized, repetition, presence, frequency, inverse, masses, j, pivot,
+            top, seed, position, stream, round_, BLOCK: tl.constexpr, BLOCKS: tl.constexpr):
+    """A rejected draw's next (round `round_`'s uniform), from the tokens above `pivot` whose mass per
+    block is `masses`: (its token, its scaled score, which is the next pivot)."""
+    target = _uniform(seed, position, stream, round_) * tl.sum(masses, 0)
+    return _land(logits_row, counts_row, prompt_row, V, penalized, repetition, presence, frequency, inverse, masses, j,
+                 pivot, top, target, BLOCK, BLOCKS)
+
+
+@triton.jit
 def _above(logits_row, counts_row, prompt_row, block, V, penalized, repetition, presence, frequency, inverse, at, top,
            BLOCK: tl.constexpr):
     """One block's tokens scored above `at`: (how many, their mass relative to the row's top)."""
@@ -202,9 +212,9 @@ def _check_kernel(logits_ptr, logits_stride, rows_ptr, positions_ptr, floats_ptr
                     token = tl.where(done, token, tl.load(draw + 3).to(tl.int64))  # past every round: the argmax
                     round_ = CHECK
                     while (round_ < ROUNDS) & (done == 0):  # a rejected draw's next is from the tokens above it
-                        target = _uniform(seed, position, stream, round_) * tl.sum(masses, 0)
-                        drawn, pivot = _land(logits_row, counts_row, prompt_row, V, penalized, repetition, presence,
-                                             frequency, inverse, masses, j, at, top, target, BLOCK, BLOCKS)
+                        drawn, pivot = _redraw(logits_row, counts_row, prompt_row, V, penalized, repetition, presence,
+                                               frequency, inverse, masses, j, at, top, seed, position, stream, round_,
+                                               BLOCK, BLOCKS)
                         at = pivot
                         count = tl.full([], 0, tl.int32)
                         masses = tl.zeros_like(masses)
@@ -220,9 +230,9 @@ def _check_kernel(logits_ptr, logits_stride, rows_ptr, positions_ptr, floats_ptr
                 elif done:
                     tl.store(draw, 0.0)
                 else:  # the next draw, from the tokens above this one, for the next launch to check
-                    target = _uniform(seed, position, stream, CHECK) * tl.sum(masses, 0)
-                    drawn, pivot = _land(logits_row, counts_row, prompt_row, V, penalized, repetition, presence,
-                                         frequency, inverse, masses, j, at, top, target, BLOCK, BLOCKS)
+                    drawn, pivot = _redraw(logits_row, counts_row, prompt_row, V, penalized, repetition, presence,
+                                           frequency, inverse, masses, j, at, top, seed, position, stream, CHECK,
+                                           BLOCK, BLOCKS)
                     tl.store(draw + 1, pivot)
                     tl.store(draw + 2, drawn.to(tl.float32))
             if FINAL:
