@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # ONNX Runtime's CUDA execution provider at every GPT-2 shape (#50), one-byte weights on the triton
 # engine and the ort target's int8-wo profile (#51), in two calls back to back on one machine:
-# onnxruntime-gpu 1.31.1 joined from five parts (`wheelparts pack .og onnxruntime-gpu==1.31.1`, its
-# wheel then cut again with `split -b 52m` so that a part travels with this tree under the carry
-# limit; the first four calls copy one part each to /tmp/parts, the fifth carries the last with
-# .whl and runs part a). $1: a | b.
+# onnxruntime-gpu 1.31.1 installed from its wheel, brought in five pieces of 52 MiB (`split -b 52m`,
+# in .og; the GPU host has no network): the first four calls copy one piece each to /tmp/parts, the
+# fifth carries the last with .whl, joins them and runs part a. $1: a | b.
 #   a: the GPU kernel tests of one-byte weights; gpt2 benched on the triton engine in fp16 and
 #      int8-wo (batch 1 / 8 / 64) and int8-wo validated; the ort target's int8-wo profile (124M);
 #      gpt2-medium and gpt2-large exported (ort fp16), validated (triton and ort-fused fp16 against
@@ -14,7 +13,9 @@
 # Every run is `finetune --set train.steps=2 ...` of its preset (random init, two steps).
 set -u
 if [ "$1" = a ]; then
-  bash .whl/wheelparts unpack /tmp/site /tmp/parts .og > /dev/null || exit 1  # only folders that hold parts
+  W=onnxruntime_gpu-1.31.1-cp312-cp312-manylinux_2_28_x86_64.whl
+  cat $(ls /tmp/parts/$W.part-* .og/$W.part-* | awk -F'.part-' '{print $NF, $0}' | sort -u -k1,1 | cut -d' ' -f2) > /tmp/$W
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/$W || exit 1
 fi
 . "$(dirname "$0")/sitting.sh"
 FT="--set train.steps=2 --set train.grad_accum=1 --set train.warmup_steps=0 --set train.eval_batches=1 --set train.compile=false"
