@@ -41,7 +41,14 @@ from pipeline.progress import console, progress
 from pipeline.tokenizer import load_tokenizer
 
 MODEL_FILE = "model.onnx"
-AUTOCAST_SAMPLES = 8
+GPT2_124M = 124_439_808  # parameters
+
+
+def autocast_samples(parameters: int) -> int:
+    """Calibration samples for fp16 AutoCast, which keeps every intermediate tensor of its reference
+    run in memory: 8 up to GPT-2 124M (64 of it do not fit in 24 GB), fewer as the model grows
+    (gpt2-medium 2: 18 GB at its peak, where 8 were killed on a 24 GB machine; docs/journal/performance.md)."""
+    return max(1, min(8, 8 * GPT2_124M // parameters))
 
 
 def _export_fp32(fp32_path: Path, out: Path, model, calib: np.ndarray, opset: int) -> None:
@@ -50,9 +57,8 @@ def _export_fp32(fp32_path: Path, out: Path, model, calib: np.ndarray, opset: in
 
 def _autocast_fp16(fp32_path: Path, out: Path, model, calib: np.ndarray, opset: int) -> None:
     npz = out.with_name("calibration.npz")
-    # AutoCast keeps every intermediate tensor of its reference run in memory: a few samples show the
-    # value ranges it needs, 64 of the 124M model do not fit in 24 GB
-    np.savez(npz, **calibration_feeds(model, calib[:AUTOCAST_SAMPLES]))
+    # a few samples show the value ranges AutoCast needs
+    np.savez(npz, **calibration_feeds(model, calib[:autocast_samples(model.num_parameters())]))
     convert_fp16(fp32_path, out, npz)
     npz.unlink()
 

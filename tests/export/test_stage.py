@@ -12,7 +12,7 @@ from pipeline.accuracy import compare_logits
 from pipeline.artifacts import RunDir
 from pipeline.contract import Contract, check_graph
 from pipeline.errors import UserError
-from pipeline.export.stage import export
+from pipeline.export.stage import autocast_samples, export
 from pipeline.model import load_checkpoint
 from pipeline.runtime.batch import left_pad
 from pipeline.runtime.dynamic.torch_eager import TorchEagerBackend
@@ -163,3 +163,20 @@ def test_a_full_disk_mid_export_is_one_line_and_keeps_the_last_graph_and_its_rec
     assert len(errors) == 1 and "model.onnx: No space left on device; free some space" in errors[0]
     assert run.require_exported("fp32") == before  # the last graph, still recorded
     assert not list(run.root.rglob(".*.tmp"))  # and nothing half-written beside it
+
+
+def test_autocast_takes_fewer_samples_as_the_model_grows():
+    """fp16 AutoCast holds every intermediate of its reference run: 8 samples up to GPT-2 124M, 2 at
+    gpt2-medium (8 were killed for memory on a 24 GB machine), 1 above."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from pipeline.config import load_config
+
+    counts = {}
+    for preset in ("tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"):
+        m = load_config(preset).model
+        with torch.device("meta"):  # the shape only, no memory
+            model = GPT2LMHeadModel(GPT2Config(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
+                                               vocab_size=m.vocab_size, n_positions=m.n_positions))
+        counts[preset] = autocast_samples(model.num_parameters())
+    assert counts == {"tiny": 8, "gpt2": 8, "gpt2-medium": 2, "gpt2-large": 1, "gpt2-xl": 1}
