@@ -335,7 +335,7 @@ def test_the_serving_scheduler_on_these_kernels_gives_every_job_its_tokens_alone
     from pipeline.runtime import admission, rows
     from pipeline.runtime import scheduler as scheduling
     torch.manual_seed(0)  # weights large enough that the picks change with what is attended (small ones repeat a token)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=512,
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=128,
                                        initializer_range=0.3)).eval()
     monkeypatch.setattr(admission, "JOIN_EVERY", 2)  # the third job joins while the second runs
     monkeypatch.setattr(rows, "SHIFT_COLUMNS", 2)  # the rows move left while they run, their first slots too
@@ -358,7 +358,7 @@ def test_a_row_that_joined_at_a_late_column_reads_its_own_slots_after_the_rows_s
     from pipeline.runtime import admission, rows
     from pipeline.runtime import scheduler as scheduling
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=128, vocab_size=512,
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=128, vocab_size=64,
                                        initializer_range=0.3)).eval()
     monkeypatch.setattr(admission, "JOIN_EVERY", 1)
     monkeypatch.setattr(rows, "SHIFT_COLUMNS", 2)
