@@ -86,7 +86,7 @@ def _layer_norm_kernel(x_ptr, out_ptr, eps, C: tl.constexpr, BLOCK_C: tl.constex
 @triton.jit
 def _int8_as_fp16(w):
     """int8 weights to fp16 four at a time by their bits: each byte, its sign bit flipped, is the low
-    byte of the fp16 1,024 + byte + 128, less 1,152 (exact); three instructions where a convert per
+    byte of the fp16 1,024 + byte + 128, less 1,152 (exact): five instructions for four weights, where a convert per
     weight runs at a quarter of the multiprocessor's rate and left int8 slower than fp8
     (docs/journal/performance.md). Inline PTX: the interpreter converts plainly instead (INT8_BY_BITS)."""
     return tl.inline_asm_elementwise(
