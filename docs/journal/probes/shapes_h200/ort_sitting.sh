@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # ONNX Runtime's CUDA execution provider at every GPT-2 shape (#50), one-byte weights on the triton
-# engine and the ort target's int8-wo profile (#51), in two calls back to back on one machine:
-# onnxruntime-gpu 1.31.1 installed from its wheel, brought in five pieces of 52 MiB (`split -b 52m`,
-# in .og; the GPU host has no network): the first four calls copy one piece each to /tmp/parts, the
-# fifth carries the last with .whl, joins them and runs part a. $1: a | b.
+# engine and the ort target's int8-wo profile (#51), in two runs back to back on one machine (a, then
+# b). The GPU host has no network: onnxruntime-gpu 1.31.1's wheel comes in five pieces of 52 MiB
+# (`split -b 52m`, in .og), the first four copied to /tmp/parts beforehand, the last joined here.
 #   a: the GPU kernel tests of one-byte weights; gpt2 benched on the triton engine in fp16 and
 #      int8-wo (batch 1 / 8 / 64) and int8-wo validated; the ort target's int8-wo profile (124M);
 #      gpt2-medium and gpt2-large exported (ort fp16), validated (triton and ort-fused fp16 against
