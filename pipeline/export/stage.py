@@ -35,13 +35,14 @@ from pipeline.export.genai_config import write_genai_folder
 from pipeline.export.int8 import convert_int8_qdq, convert_int8_weight_only
 from pipeline.export.onnx_fp32 import export_fp32, finish_graph
 from pipeline.export.ort_graph import GRAPH_VERSION, ORT_GRAPHS, export_ort_graph
+from pipeline.machine import gpt2_parameters
 from pipeline.model import load_checkpoint
 from pipeline.precisions import PRECISIONS
 from pipeline.progress import console, progress
 from pipeline.tokenizer import load_tokenizer
 
 MODEL_FILE = "model.onnx"
-GPT2_124M = 124_439_808  # parameters
+GPT2_124M = gpt2_parameters(layers=12, hidden=768, vocab=50257, positions=1024)
 
 
 def autocast_samples(parameters: int) -> int:
