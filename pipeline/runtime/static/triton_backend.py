@@ -19,9 +19,11 @@ from pipeline.runtime.kernels.triton_kernels import (
     decode_attention,
     embed,
     fused_linear,
+    gather_workspace,
     greedy_advance,
     head_normalized_apart,
     layer_norm,
+    layer_norms_apart,
     quantize_rows,
 )
 from pipeline.runtime.static.static_backend import CacheSlot, StaticCacheBackend
@@ -54,6 +56,15 @@ class TritonBackend(StaticCacheBackend):
             options["ln"] = (sums, options["ln"])
         fused_linear(x, w, out, scale=scale, **options)
 
+    def gathering_slices(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the QKV and fc products' K slices meet, where their tiles split K (fused_linear's
+        slices): one buffer for both, since each launch starts its product only after the one before
+        has completed."""
+        c, narrow = self.net.n_embd, self.decode_weights.narrow
+        needed = [gather_workspace(batch, n, c, narrow) for n in (3 * c, 4 * c)]
+        return (torch.empty(max(1, *(e for e, _ in needed)), dtype=torch.float32, device=self.device),
+                torch.zeros(max(1, *(t for _, t in needed)), dtype=torch.int32, device=self.device))
+
     def streams_weights(self, batch: int) -> bool:
         """Whether every launch lets the next start at once (triton_kernels' docstring: early) rather
         than only the QKV launch: only at batch 1, where each row product requests its weights before
@@ -77,6 +88,7 @@ class TritonBackend(StaticCacheBackend):
         s.scratch.update(best=torch.empty(batch, partials, **f32),
                          best_index=torch.empty(batch, partials, dtype=torch.int32, device=self.device),
                          arrivals=torch.zeros(1, dtype=torch.int32, device=self.device),
+                         slices=self.gathering_slices(batch),
                          attention_partial=torch.empty(attention_partials(batch, net.n_head, net.head_dim, shares), **f32),
                          attention_arrivals=torch.zeros(batch, net.n_head, dtype=torch.int32, device=self.device))
         return s
@@ -118,16 +130,22 @@ class TritonBackend(StaticCacheBackend):
         early = pdl and self.streams_weights(len(s.token))
         if not embedded:
             embed(s.token, s.position, net.wte, net.wpe, x)
+        normed, norm = (b["normalized"], {}) if layer_norms_apart(len(s.token), net.n_embd) else (x, {"ln": net.eps})
         for i in range(net.n_layer):
             keys, values = s.cache[2 * i], s.cache[2 * i + 1]
+            if normed is not x:
+                layer_norm(x, normed, net.eps, pdl=pdl)
             # early at every batch: attention requests most of the cache before its wait
-            self.linear(x, "qkv", i, q, bias=net.qkv_b[i], ln=net.eps, qkv=(keys, values, s.start, net.head_dim),
-                        pdl=pdl, early=pdl)
+            self.linear(normed, "qkv", i, q, bias=net.qkv_b[i], qkv=(keys, values, s.start, net.head_dim),
+                        pdl=pdl, early=pdl, slices=b["slices"], **norm)
             decode_attention(q, keys, values, s.slot_mask, s.start, attention, b["attention_partial"],
                              b["attention_arrivals"], pdl=pdl, early=early,
                              first=s.first if self.reads_from_first(keys.shape[2]) else None)
             self.linear(attention, "proj", i, x, bias=net.proj_b[i], residual=True, pdl=pdl, early=early)
-            self.linear(x, "fc", i, hidden, bias=net.fc_b[i], ln=net.eps, gelu=True, pdl=pdl, early=early)
+            if normed is not x:
+                layer_norm(x, normed, net.eps, pdl=pdl)
+            self.linear(normed, "fc", i, hidden, bias=net.fc_b[i], gelu=True, pdl=pdl, early=early,
+                        slices=b["slices"], **norm)
             self.linear(hidden, "fc2", i, x, bias=net.fc2_b[i], residual=True, pdl=pdl, early=early)
         # a greedy step keeps only each program's maxima: nothing reads its logits
         logits = b["logits"] if argmax is None else None

@@ -20,20 +20,6 @@ from pipeline.runtime.kernels import triton_kernels
 from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.static.triton_backend import TritonBackend
 
-# each variant: (precision, tile rule); the rules are linear_config's, swapped in by name
-MODE = sys.argv[1] if sys.argv[1:2] in (["--int8"], ["--int8-vs-fp16"]) else None
-tiles = triton_kernels.linear_config
-if MODE == "--int8":
-    VARIANTS = {"fp16 tiles": ("int8-wo", lambda m, n, k, residual, narrow=False: tiles(m, n, k, residual)),
-                "one-byte tiles": ("int8-wo", tiles)}
-elif MODE == "--int8-vs-fp16":
-    VARIANTS = {"fp16": ("fp16", tiles), "int8-wo": ("int8-wo", tiles)}
-else:
-    spec = importlib.util.spec_from_file_location("old_kernels", ".ab/old/pipeline/runtime/kernels/triton_kernels.py")
-    old = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = old  # dataclasses look their module up
-    spec.loader.exec_module(old)
-    VARIANTS = {"old": ("fp16", old.linear_config), "new": ("fp16", tiles)}
 GREEDY = Sampling(max_new_tokens=128, stop_tokens=())
 
 
@@ -53,19 +39,38 @@ def step_ms(backend: TritonBackend, batch: int) -> float:
     return (whole - (time.perf_counter() - start)) / 127 * 1e3
 
 
-for preset in sys.argv[1 + bool(MODE):] or ["gpt2-medium", "gpt2-large", "gpt2-xl"]:
-    shape = PRESETS[preset].get("model", {})  # gpt2: the defaults
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = GPT2LMHeadModel(GPT2Config(**shape)).half().eval()
-    model = model.cpu()  # the backends take a loaded (host) model and copy what they need
-    for round_ in (1, 2):
-        for name, (precision, rule) in VARIANTS.items():
-            triton_kernels.linear_config = rule  # fused_linear reads the module's name at each call
-            backend = TritonBackend(model, precision, "cuda")
-            times = [step_ms(backend, b) for b in (1, 8, 64)]
-            print(f"{preset} {name} {round_}: ms a step at batch 1 / 8 / 64: " + " / ".join(f"{t:.3f}" for t in times),
-                  flush=True)
-            del backend
-    del model
-    torch.cuda.empty_cache()
+def main() -> None:
+    # each variant: (precision, tile rule); the rules are linear_config's, swapped in by name
+    mode = sys.argv[1] if sys.argv[1:2] in (["--int8"], ["--int8-vs-fp16"]) else None
+    tiles = triton_kernels.linear_config
+    if mode == "--int8":
+        variants = {"fp16 tiles": ("int8-wo", lambda m, n, k, residual, narrow=False: tiles(m, n, k, residual)),
+                    "one-byte tiles": ("int8-wo", tiles)}
+    elif mode == "--int8-vs-fp16":
+        variants = {"fp16": ("fp16", tiles), "int8-wo": ("int8-wo", tiles)}
+    else:
+        spec = importlib.util.spec_from_file_location("old_kernels", ".ab/old/pipeline/runtime/kernels/triton_kernels.py")
+        old = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = old  # dataclasses look their module up
+        spec.loader.exec_module(old)
+        variants = {"old": ("fp16", old.linear_config), "new": ("fp16", tiles)}
+    for preset in sys.argv[1 + bool(mode):] or ["gpt2-medium", "gpt2-large", "gpt2-xl"]:
+        shape = PRESETS[preset].get("model", {})  # gpt2: the defaults
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = GPT2LMHeadModel(GPT2Config(**shape)).half().eval()
+        model = model.cpu()  # the backends take a loaded (host) model and copy what they need
+        for round_ in (1, 2):
+            for name, (precision, rule) in variants.items():
+                triton_kernels.linear_config = rule  # fused_linear reads the module's name at each call
+                backend = TritonBackend(model, precision, "cuda")
+                times = [step_ms(backend, b) for b in (1, 8, 64)]
+                print(f"{preset} {name} {round_}: ms a step at batch 1 / 8 / 64: " + " / ".join(f"{t:.3f}" for t in times),
+                      flush=True)
+                del backend
+        del model
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
