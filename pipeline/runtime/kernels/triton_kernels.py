@@ -97,26 +97,25 @@ def _int8_as_fp16(w):
 
 
 @triton.jit
-def _tile_product(x_ptr, w_ptr, rm, rn, row_in, col_in, K: tl.constexpr, LN: tl.constexpr,
+def _tile_product(x_ptr, w_ptr, w_sums_ptr, scale_ptr, rm, rn, row_in, col_in, eps, K: tl.constexpr, LN: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   SPLIT_K: tl.constexpr, REF_COLS: tl.constexpr, SCALED: tl.constexpr, INT8_BY_BITS: tl.constexpr):
-    """(x[rm] - r) @ w[rn]^T over this program's K slice, as tensor-core tiles walked along K, and with
-    LN each row's sum of x - r and of its squares over the slice ([BLOCK_M] each; zeros without).
+    """LN?(x[rm]) @ w[rn]^T over this program's K slice, as tensor-core tiles walked along K.
 
     The layer norm takes no pass over x of its own: the product runs on x - r, r each row's mean of
     its first REF_COLS values (close enough to the mean that what is cast for the product is centred
-    and keeps its precision), the same tiles give the moments of x - r, and _layer_norm_after applies
+    and keeps its precision), the same tiles give the moments of x - r, and the epilogue applies
     LN(x) @ w^T = rstd * ((x - r) @ w^T - (mean - r) * w_sums), w_sums each output's summed weights.
     A statistics pass first would hold every weight tile back until all of x had arrived. x - r must
-    fit the product's dtype, as the residual stream itself must in a model run in that dtype. Every
-    slice takes the same r, so the slices' products and sums add up to the whole row's."""
+    fit the product's dtype, as the residual stream itself must in a model run in that dtype."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    total = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
-    squares = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
-    if LN:
+    if LN:  # SPLIT_K is 1 here: the slice is the whole row
         rr = tl.arange(0, REF_COLS)
         ref = tl.load(x_ptr + rm[:, None] * K + rr[None, :], mask=row_in[:, None], other=0.0).to(tl.float32)
         ref = tl.sum(ref, 1) / REF_COLS
+        w_sums = tl.load(w_sums_ptr + rn, mask=col_in, other=0.0)
+        total = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
+        squares = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
     k_slice = tl.program_id(2) * (K // SPLIT_K)
     for k0 in range(0, K // SPLIT_K, BLOCK_K):
         rk = k_slice + k0 + tl.arange(0, BLOCK_K)
@@ -130,50 +129,13 @@ def _tile_product(x_ptr, w_ptr, rm, rn, row_in, col_in, K: tl.constexpr, LN: tl.
         if SCALED:  # int8 or fp8 weights: exact in fp16, the product's type; each output's scale comes after
             w = _int8_as_fp16(w) if INT8_BY_BITS else w.to(tl.float16)
         acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=DOT_PRECISION)
-    return acc, tl.sum(total, 1), tl.sum(squares, 1)
-
-
-@triton.jit
-def _layer_norm_after(acc, total, squares, w_sums, K: tl.constexpr, eps):
-    """LN(x) @ w^T from the whole row's (x - r) @ w^T, sums of x - r and of its squares (_tile_product)."""
-    shift = total / K  # mean - r
-    rstd = 1.0 / tl.sqrt(tl.maximum(squares / K - shift * shift, 0.0) + eps)
-    return (acc - shift[:, None] * w_sums[None, :]) * rstd[:, None]
-
-
-@triton.jit
-def _gather_slices(acc, total, squares, partial_ptr, arrivals_ptr, LN: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
-    """Split K before an epilogue that is not a sum (a layer norm, GELU, the cache): each of a tile's
-    K-slice programs leaves its product and row sums in partial (a record per tile and slice), and the
-    last of them to arrive, counted in arrivals [tiles] (left zeroed), adds the others' to its own and
-    runs the epilogue; the rest return with last False. One launch, as attention's merge."""
-    tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-    me = tl.program_id(2)
-    record = BLOCK_M * BLOCK_N + 2 * BLOCK_M
-    tiles = partial_ptr + tile * SPLIT_K * record
-    cells = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    r = tl.arange(0, BLOCK_M)
-    mine = tiles + me * record
-    tl.store(mine + cells, acc)
+    if SCALED:  # before the layer norm's correction, which takes the scaled (real) weights' sums
+        acc *= tl.load(scale_ptr + rn, mask=col_in, other=0.0)[None, :]
     if LN:
-        tl.store(mine + BLOCK_M * BLOCK_N + r, total)
-        tl.store(mine + BLOCK_M * BLOCK_N + BLOCK_M + r, squares)
-    tl.debug_barrier()  # every thread's stores above come before the release below
-    arrived = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel")
-    tl.debug_barrier()  # and the acquire before any thread's loads of the others' records
-    last = (tl.zeros_like(r) + arrived) == SPLIT_K - 1  # as a vector: the interpreter refuses a scalar mask
-    for s in tl.static_range(SPLIT_K):
-        other = last & ((tl.zeros_like(r) + me) != s)
-        theirs = tiles + s * record
-        # .cg: from L2, where the other programs' stores are, never a line this multiprocessor kept
-        acc += tl.load(theirs + cells, mask=other[:, None], other=0.0, cache_modifier=".cg")
-        if LN:
-            total += tl.load(theirs + BLOCK_M * BLOCK_N + r, mask=other, other=0.0, cache_modifier=".cg")
-            squares += tl.load(theirs + BLOCK_M * BLOCK_N + BLOCK_M + r, mask=other, other=0.0, cache_modifier=".cg")
-    one = tl.zeros((1,), tl.int32)
-    tl.store(arrivals_ptr + tile + one, one, mask=(one + arrived) == SPLIT_K - 1)
-    return acc, total, squares, last
+        shift = tl.sum(total, 1) / K  # mean - r
+        rstd = 1.0 / tl.sqrt(tl.maximum(tl.sum(squares, 1) / K - shift * shift, 0.0) + eps)
+        acc = (acc - shift[:, None] * w_sums[None, :]) * rstd[:, None]
+    return acc
 
 
 @triton.jit
@@ -207,7 +169,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr, scale_ptr,
                          best_ptr, best_index_ptr, ARGMAX: tl.constexpr, STORE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                          REF_COLS: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, SCALED: tl.constexpr,
-                         INT8_BY_BITS: tl.constexpr, partial_ptr, slice_arrivals_ptr, GATHER: tl.constexpr):
+                         INT8_BY_BITS: tl.constexpr):
     """out[M, N] = epilogue(LN?(x[M, K]) @ w[N, K]^T), as tensor-core tiles or, BLOCK_M 1, one row
     per program in row products (_tile_product, _row_product).
 
@@ -218,44 +180,28 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr, scale_ptr,
     slot *slot_ptr. ARGMAX: also each row's largest value in this program's columns and its column
     (the first, on ties) to best / best_index [M, programs along N]; without STORE only those (a
     greedy step's LM head: its fp32 logits are 13 MB a step at batch 64 that nothing reads).
-    SPLIT_K > 1: program_id(2) takes one K / SPLIT_K slice, so that a product of few tiles still
-    spreads over many programs. With RESIDUAL (out fp32) each adds its partial product into out
-    atomically; the order of those fp32 additions is not fixed, so results are not bit-identical from
-    run to run. Otherwise (GATHER, tiles only) the last slice to finish adds the others' and runs the
-    epilogue (_gather_slices), in a fixed order."""
+    SPLIT_K > 1 (RESIDUAL only, out fp32): program_id(2) takes one K / SPLIT_K slice and adds its
+    partial product into out atomically, so a narrow output still spreads over many programs. The
+    order of those fp32 additions is not fixed, so results are not bit-identical from run to run."""
     if PDL and EARLY:
         gdc_launch_dependents()
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_in, col_in = rm < M, rn < N
     # the epilogue's own loads are requested first, so they wait alongside the product's rather than after it
-    if BIAS:  # one K slice adds the bias: the first, or the one that gathers (the slice test as a vector:
-        # Triton's interpreter refuses a scalar there)
-        bias = tl.load(b_ptr + rn, mask=col_in & ((tl.zeros_like(rn) + tl.program_id(2) == 0) | GATHER), other=0.0)
+    if BIAS:  # one K slice adds the bias (the slice test as a vector: Triton's interpreter refuses a scalar there)
+        bias = tl.load(b_ptr + rn, mask=col_in & (tl.zeros_like(rn) + tl.program_id(2) == 0), other=0.0)
     if QKV:
         slot = tl.load(slot_ptr)
-    if SCALED:
-        scale = tl.load(scale_ptr + rn, mask=col_in, other=0.0)
-    if LN and BLOCK_M > 1:
-        w_sums = tl.load(w_sums_ptr + rn, mask=col_in, other=0.0)
-    last = row_in  # whether this program runs the epilogue: every one, but under GATHER only a tile's last slice
     if BLOCK_M == 1:
         acc = _row_product(x_ptr, w_ptr, tl.program_id(0), rn, col_in, eps, K, LN, BLOCK_K, SPLIT_K, PDL, INT8_BY_BITS)
         if SCALED:
-            acc *= scale[None, :]
+            acc *= tl.load(scale_ptr + rn, mask=col_in, other=0.0)[None, :]
     else:
         if PDL:
             gdc_wait()
-        acc, total, squares = _tile_product(x_ptr, w_ptr, rm, rn, row_in, col_in, K, LN, DOT_PRECISION, BLOCK_M,
-                                            BLOCK_N, BLOCK_K, SPLIT_K, REF_COLS, SCALED, INT8_BY_BITS)
-        if GATHER:
-            acc, total, squares, gathered = _gather_slices(acc, total, squares, partial_ptr, slice_arrivals_ptr, LN,
-                                                           BLOCK_M, BLOCK_N, SPLIT_K)
-            last = row_in & gathered
-        if SCALED:  # before the layer norm's correction, which takes the scaled (real) weights' sums
-            acc *= scale[None, :]
-        if LN:
-            acc = _layer_norm_after(acc, total, squares, w_sums, K, eps)
+        acc = _tile_product(x_ptr, w_ptr, w_sums_ptr, scale_ptr, rm, rn, row_in, col_in, eps, K, LN, DOT_PRECISION,
+                            BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, REF_COLS, SCALED, INT8_BY_BITS)
     if PDL and not EARLY:  # this program's loads are done: the next launch may take multiprocessors as they free
         gdc_launch_dependents()
     if BIAS:
@@ -263,7 +209,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr, scale_ptr,
     if GELU:
         # GELU's tanh form: 0.5 * (1 + tanh(u)) == sigmoid(2u), with 2u = 2 * sqrt(2 / pi) * (x + 0.044715 x^3)
         acc = acc / (1.0 + tl.exp(-1.5957691216057308 * (acc + 0.044715 * acc * acc * acc)))
-    inside = last[:, None] & col_in[None, :]
+    inside = row_in[:, None] & col_in[None, :]
     if QKV:
         part = rn // C
         within = rn % C
@@ -274,7 +220,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr, scale_ptr,
         tl.store(v_cache_ptr + cached, value, mask=inside & (part == 2)[None, :])
     else:
         out = out_ptr + rm[:, None] * N + rn[None, :]
-        if SPLIT_K > 1 and not GATHER:
+        if SPLIT_K > 1:
             tl.atomic_add(out, acc, mask=inside, sem="relaxed")
         elif STORE:
             if RESIDUAL:
@@ -467,9 +413,13 @@ def head_normalized_apart(m: int) -> bool:
 
 
 def layer_norms_apart(m: int, width: int) -> bool:
-    """Whether the QKV and fc products over m rows of a model this wide take x normalised by a launch
-    of their own (layer_norm), as the LM head does above 16 rows (head_normalized_apart)."""
-    return False
+    """Whether the QKV and fc products over m rows take x normalised by a launch of their own
+    (layer_norm), as the LM head does above 16 rows: above 16 rows from gpt2-large's width up. Their
+    tiles then read x in fp16 with no norm arithmetic, and 64-row tiles read each weight once: at 64
+    rows gpt2-large's fp16 step 2.08 -> 1.80 ms and gpt2-xl's 3.92 -> 3.13, for two launches more a
+    layer; at gpt2-medium's width it bought 1% (int8-wo lost 4%), at 124M's and at 8 rows the fused
+    norm was as fast or faster (docs/journal/performance.md, "the layer norms apart")."""
+    return m > 16 and width >= 1280
 
 
 def linear_config(m: int, n: int, k: int, residual: bool, narrow: bool = False) -> LinearConfig:
@@ -484,6 +434,8 @@ def linear_config(m: int, n: int, k: int, residual: bool, narrow: bool = False) 
     (int8, fp8), whose tiles differ where their own sweep found better (_one_byte_config)."""
     width = n if residual else k  # the model's: the residual projections write it, the others read it
     wide = width >= 1024 and n <= 8192  # the LM head keeps its tiles at every width
+    if wide and not residual and layer_norms_apart(m, width):  # all rows a tile: each weight read once
+        return LinearConfig(64, 32, 128 if k % 128 == 0 else 64, stages=4)
     if narrow and (config := _one_byte_config(m, n, k, residual, wide)):
         return config
     if m == 1:
@@ -584,8 +536,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
                  residual: bool = False, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
                  n: int | None = None, config: LinearConfig | None = None,
                  argmax: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False,
-                 early: bool = False, scale: torch.Tensor | None = None,
-                 slices: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 early: bool = False, scale: torch.Tensor | None = None) -> None:
     """out = epilogue(LN?(x) @ w[:n]^T + bias). x [M, K] contiguous; w [>= n, K]; ln = (w_sums, eps)
     for a layer norm whose weight and bias are folded into w and bias, w_sums = w.float().sum(1) (the
     tiles normalise after the product); qkv = (k_cache, v_cache, slot tensor, head_dim) routes the
@@ -595,9 +546,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
     overrides the tuned tiles (tests, tuning). pdl: programmatic dependent launch, early: with the next
     launch let start at once rather than after this one's loads (module docstring). scale: fp32 [>= n],
     with int8 or fp8 w (quantize_rows): each output's scale, applied to the product in registers (the
-    weights are read in one byte each, half fp16's); ln's w_sums are then the scaled weights' sums.
-    slices = (partial fp32, arrivals int32 zeros), at least gather_workspace(...) each: where the tiles
-    split K before an epilogue that is not a plain residual sum, where the slices meet (_gather_slices)."""
+    weights are read in one byte each, half fp16's); ln's w_sums are then the scaled weights' sums."""
     m, k = x.shape
     n = w.shape[0] if n is None else n
     cfg = config or linear_config(m, n, k, residual, narrow=w.dtype in NARROW_WEIGHTS)
@@ -605,17 +554,8 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
         block_k, k_step = triton.next_power_of_2(k // cfg.split_k), 1
     else:
         block_k = k_step = min(cfg.block_k, triton.next_power_of_2(k))
-    gather = cfg.split_k > 1 and not residual
-    whole_tiles = k % (cfg.split_k * k_step) == 0
-    if gather and not (cfg.block_m > 1 and whole_tiles and argmax is None):
-        # a row product's layer norm takes its statistics from the row in its registers: all of it
-        raise ValueError(f"split_k={cfg.split_k} without a residual needs tiles (block_m > 1), no argmax, and K ({k}) "
-                         "a multiple of split_k * block_k")
-    needed = gather_workspace(m, n, k, config=cfg) if gather else (0, 0)
-    if gather and (slices is None or slices[0].numel() < needed[0] or slices[1].numel() < needed[1]):
-        raise ValueError(f"split_k={cfg.split_k} without a residual needs slices of at least {needed} elements "
-                         "(gather_workspace)")
-    if cfg.split_k > 1 and residual and not (ln is None and out.dtype == torch.float32 and whole_tiles):
+    splittable = residual and ln is None and out.dtype == torch.float32 and k % (cfg.split_k * k_step) == 0
+    if cfg.split_k > 1 and not splittable:
         # a layer norm needs whole rows: a row product over a K slice would take its statistics from the slice
         raise ValueError(f"split_k={cfg.split_k} needs a residual fp32 output, no layer norm, and K ({k}) a multiple "
                          "of split_k * block_k")
@@ -645,19 +585,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
         REF_COLS=min(64, 1 << (k.bit_length() - 1)),  # a power of two, at most K
         PDL=pdl, EARLY=early, SCALED=scale is not None,
         INT8_BY_BITS=w.dtype == torch.int8 and w.is_cuda,  # inline PTX: the interpreter converts plainly
-        partial_ptr=slices[0] if gather else w, slice_arrivals_ptr=slices[1] if gather else w, GATHER=gather,
         launch_pdl=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
-
-
-def gather_workspace(m: int, n: int, k: int, narrow: bool = False, config: LinearConfig | None = None) -> tuple[int, int]:
-    """(fp32 elements, int32 counters) that fused_linear's slices need for a product without a residual
-    under its tiles (config, or linear_config's): a record per tile and K slice (the tile's partial
-    product and its rows' two sums) and a counter per tile; (0, 0) where the tiles do not split K."""
-    config = config or linear_config(m, n, k, residual=False, narrow=narrow)
-    if config.split_k == 1 or config.block_m == 1:
-        return 0, 0
-    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-    return tiles * config.split_k * (config.block_m * config.block_n + 2 * config.block_m), tiles
 
 
 @dataclass(frozen=True)
@@ -668,26 +596,30 @@ class AttentionConfig:
     registers: int | None = None  # a cap per thread, where more programs per multiprocessor pay (ptxas' maxnreg)
 
 
-def attention_config(batch: int, filled: bool = False) -> AttentionConfig:
-    """Chosen by timing the whole decode step at batch 1, 8 and 64 on an H200 (docs/journal/decode_notes_h200.md):
-    a few rows leave most multiprocessors idle unless each head's cache walk is split. At batch 64
+def attention_config(batch: int, filled: bool = False, heads: int = 12) -> AttentionConfig:
+    """Chosen by timing the whole decode step at batch 1, 8 and 64 on an H200 (docs/journal/decode_notes_h200.md),
+    at 124M's 12 heads first, then at every shape (docs/journal/performance.md, "the layer norms apart"):
+    a few rows leave most multiprocessors idle unless each head's cache walk is split, into one-warp
+    programs at batch 1 (faster alone at every head count; gpt2-medium's step 8% faster). At batch 64
     the 3,072 one-warp programs fit the 132 multiprocessors at once only at 80 registers or fewer
-    (25 a multiprocessor; uncapped the kernel takes 96, and a second wave costs 15 us a step).
+    (25 a multiprocessor; uncapped the kernel takes 96, and a second wave costs 15 us a step); with
+    20 and 25 heads (gpt2-large, gpt2-xl) 4 splits make 1.5-2 waves, and 2 splits were 2-4% faster
+    a step (with 16, gpt2-medium's, 4-6% slower: 4 splits are 1.24 waves there).
     `filled` (the FILLED shares, the serving scheduler's): one-warp programs over 16-slot blocks, more
     of them the fewer the rows, and no cap: its walk needs 74-76 registers, and under a cap ptxas
     spills it (docs/journal/performance.md, "the FILLED attention without its register cap")."""
     if filled:
         return AttentionConfig(splits=16 if batch <= 4 else 8 if batch <= 16 else 4, warps=1, block_t=16)
     if batch <= 4:
-        return AttentionConfig(splits=8, warps=2, block_t=32)
+        return AttentionConfig(splits=8, warps=1, block_t=32, registers=80)
     if batch <= 16:
         return AttentionConfig(splits=1, warps=8)
-    return AttentionConfig(splits=4, warps=1, block_t=16, registers=80)
+    return AttentionConfig(splits=4 if batch * heads <= 1024 else 2, warps=1, block_t=16, registers=80)
 
 
 def attention_partials(batch: int, heads: int, head_dim: int, config: AttentionConfig | None = None) -> torch.Size:
     """The shape of decode_attention's partial buffer for this batch (fp32)."""
-    return torch.Size((batch, heads, (config or attention_config(batch)).splits, head_dim + 2))
+    return torch.Size((batch, heads, (config or attention_config(batch, heads=heads)).splits, head_dim + 2))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mask: torch.Tensor,
@@ -700,7 +632,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     fused_linear; first, each row's first filled slot [B] int64 (at most slot): the shares split
     each row's filled slots from there rather than the cache (its FILLED)."""
     batch, heads, length, head_dim = k_cache.shape
-    cfg = config or attention_config(batch, filled=first is not None)
+    cfg = config or attention_config(batch, filled=first is not None, heads=heads)
     needed = attention_partials(batch, heads, head_dim, cfg)
     if partial.shape != needed:
         raise ValueError(f"partial is {tuple(partial.shape)}; this batch and config need {tuple(needed)}")

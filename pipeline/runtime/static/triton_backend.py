@@ -19,7 +19,6 @@ from pipeline.runtime.kernels.triton_kernels import (
     decode_attention,
     embed,
     fused_linear,
-    gather_workspace,
     greedy_advance,
     head_normalized_apart,
     layer_norm,
@@ -56,15 +55,6 @@ class TritonBackend(StaticCacheBackend):
             options["ln"] = (sums, options["ln"])
         fused_linear(x, w, out, scale=scale, **options)
 
-    def gathering_slices(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Where the QKV and fc products' K slices meet, where their tiles split K (fused_linear's
-        slices): one buffer for both, since each launch starts its product only after the one before
-        has completed."""
-        c, narrow = self.net.n_embd, self.decode_weights.narrow
-        needed = [gather_workspace(batch, n, c, narrow) for n in (3 * c, 4 * c)]
-        return (torch.empty(max(1, *(e for e, _ in needed)), dtype=torch.float32, device=self.device),
-                torch.zeros(max(1, *(t for _, t in needed)), dtype=torch.int32, device=self.device))
-
     def streams_weights(self, batch: int) -> bool:
         """Whether every launch lets the next start at once (triton_kernels' docstring: early) rather
         than only the QKV launch: only at batch 1, where each row product requests its weights before
@@ -84,11 +74,10 @@ class TritonBackend(StaticCacheBackend):
                      "logits": torch.empty(batch, self.vocab_size, **f32)}
         # greedy_step's argmax, in two stages
         partials = argmax_partials(batch, self.vocab_size, net.n_embd, narrow=self.decode_weights.narrow)
-        shares = attention_config(batch, filled=self.reads_from_first(length))
+        shares = attention_config(batch, filled=self.reads_from_first(length), heads=net.n_head)
         s.scratch.update(best=torch.empty(batch, partials, **f32),
                          best_index=torch.empty(batch, partials, dtype=torch.int32, device=self.device),
                          arrivals=torch.zeros(1, dtype=torch.int32, device=self.device),
-                         slices=self.gathering_slices(batch),
                          attention_partial=torch.empty(attention_partials(batch, net.n_head, net.head_dim, shares), **f32),
                          attention_arrivals=torch.zeros(batch, net.n_head, dtype=torch.int32, device=self.device))
         return s
@@ -137,15 +126,14 @@ class TritonBackend(StaticCacheBackend):
                 layer_norm(x, normed, net.eps, pdl=pdl)
             # early at every batch: attention requests most of the cache before its wait
             self.linear(normed, "qkv", i, q, bias=net.qkv_b[i], qkv=(keys, values, s.start, net.head_dim),
-                        pdl=pdl, early=pdl, slices=b["slices"], **norm)
+                        pdl=pdl, early=pdl, **norm)
             decode_attention(q, keys, values, s.slot_mask, s.start, attention, b["attention_partial"],
                              b["attention_arrivals"], pdl=pdl, early=early,
                              first=s.first if self.reads_from_first(keys.shape[2]) else None)
             self.linear(attention, "proj", i, x, bias=net.proj_b[i], residual=True, pdl=pdl, early=early)
             if normed is not x:
                 layer_norm(x, normed, net.eps, pdl=pdl)
-            self.linear(normed, "fc", i, hidden, bias=net.fc_b[i], gelu=True, pdl=pdl, early=early,
-                        slices=b["slices"], **norm)
+            self.linear(normed, "fc", i, hidden, bias=net.fc_b[i], gelu=True, pdl=pdl, early=early, **norm)
             self.linear(hidden, "fc2", i, x, bias=net.fc2_b[i], residual=True, pdl=pdl, early=early)
         # a greedy step keeps only each program's maxima: nothing reads its logits
         logits = b["logits"] if argmax is None else None
@@ -175,9 +163,16 @@ class DecodeWeights:
         for name, w in (("qkv", net.qkv_w), ("proj", net.proj_w), ("fc", net.fc_w), ("fc2", net.fc2_w),
                         ("head", net.head_w)):
             w = w.detach()
-            q, scale = quantize_rows(w) if int8 else (w, None)
-            real = q.float() * scale[..., None] if int8 else w.float()
-            self.weights[name] = (q, scale, real.sum(-1))
+            if not int8:
+                self.weights[name] = (w, None, w.sum(-1, dtype=torch.float32))
+                continue
+            q, scale = torch.empty_like(w, dtype=torch.int8), torch.empty(w.shape[:-1], device=w.device)
+            # a layer at a time (the LM head, one matrix, at once): quantize_rows works in fp32, and all
+            # of gpt2-xl's layers at once left gigabytes of fp32 temporaries in the allocator's cache
+            for i in range(len(w)) if w.dim() == 3 else [...]:
+                q[i], scale[i] = quantize_rows(w[i])
+            # each output's real weights summed: its integers' sum (exact in fp32) times its scale
+            self.weights[name] = (q, scale, q.sum(-1, dtype=torch.float32) * scale)
 
     def of(self, name: str, layer: int | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         w, scale, sums = self.weights[name]

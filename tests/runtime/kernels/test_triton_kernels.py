@@ -6,7 +6,12 @@ import pytest
 from pipeline.config import PRESETS, load_config
 
 pytest.importorskip("triton")
-from pipeline.runtime.kernels.triton_kernels import LinearConfig, attention_config, linear_config  # noqa: E402
+from pipeline.runtime.kernels.triton_kernels import (  # noqa: E402
+    LinearConfig,
+    attention_config,
+    layer_norms_apart,
+    linear_config,
+)
 
 
 def step_products(n_embd: int, vocab: int) -> list[tuple[int, int, bool]]:
@@ -31,7 +36,7 @@ def test_every_shape_and_batch_gets_a_configuration_its_kernel_takes(preset, nar
                 assert residual
                 step = 1 if cfg.block_m == 1 else cfg.block_k
                 assert k % (cfg.split_k * step) == 0, (rows, n, k, cfg)
-        assert attention_config(rows).splits >= 1
+        assert attention_config(rows, heads=model.n_head).splits >= 1
 
 
 def test_the_124m_shape_keeps_its_measured_tiles_and_gpt2_xl_takes_narrower_ones():
@@ -42,6 +47,17 @@ def test_the_124m_shape_keeps_its_measured_tiles_and_gpt2_xl_takes_narrower_ones
     assert linear_config(8, 768, 1600, True).split_k == 5 and linear_config(8, 768, 1600, True).block_k == 64
 
 
+def test_the_layer_norms_go_apart_above_16_rows_from_gpt2_large_up():
+    """There the QKV and fc products take 64-row tiles (each weight read once), the LM head its own."""
+    assert layer_norms_apart(64, 1280) and layer_norms_apart(17, 1600)
+    assert not (layer_norms_apart(16, 1600) or layer_norms_apart(64, 1024) or layer_norms_apart(64, 768))
+    for narrow in (False, True):
+        assert linear_config(64, 3840, 1280, False, narrow) == LinearConfig(64, 32, 128, stages=4)
+        assert linear_config(64, 6400, 1600, False, narrow) == LinearConfig(64, 32, 64, stages=4)
+    assert linear_config(64, 3072, 1024, False) == LinearConfig(16, 128, 128, stages=4)
+    assert linear_config(64, 50257, 1600, False).block_n == 128
+
+
 def test_one_byte_weights_take_their_own_tiles_where_their_sweep_found_better():
     """int8 / fp8 weights (docs/journal/performance.md, "one-byte weights"): 8 rows of the residual
     products in 128-wide K tiles, 64 rows of gpt2-xl's QKV in 16-row tiles, 8 rows of the LM head
@@ -49,7 +65,7 @@ def test_one_byte_weights_take_their_own_tiles_where_their_sweep_found_better():
     for n, k, residual in ((4800, 1600, False), (1600, 6400, True), (50257, 768, False)):
         assert linear_config(1, n, k, residual, narrow=True) == linear_config(1, n, k, residual)
     assert linear_config(8, 768, 3072, True, narrow=True) == LinearConfig(16, 32, 128, 8)
-    assert linear_config(64, 4800, 1600, False, narrow=True) == LinearConfig(16, 128, 64, stages=4)
+    assert linear_config(64, 2304, 768, False, narrow=True) == LinearConfig(16, 128, 128, stages=4)
     assert linear_config(8, 50257, 768, False, narrow=True).block_n == 128
 
 

@@ -13,18 +13,23 @@ from pipeline.runtime.kernels.triton_kernels import fused_linear, quantize_rows 
 DEVICE = torch.device("cuda")
 
 
-@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn], ids=["int8", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn, torch.float16], ids=["int8", "fp8", "fp16"])
 @pytest.mark.parametrize("rows", [1, 8, 64])  # row products, then tiles of 16 rows, then wider tiles
 @pytest.mark.parametrize("width, residual", [(768, False), (1600, False), (1600, True)])
 def test_one_byte_weights_equal_dequantise_then_matmul(dtype, rows, width, residual):
+    """(fp16 weights: 64 rows of a product 1,600 wide take the 64-row tiles of x normalised apart.)"""
     torch.manual_seed(0)
     n, k = (width, 4 * width) if residual else (3 * width, width)
     w = torch.randn(n, k, device=DEVICE) * 0.02
     w[0, :8] = torch.tensor([-0.5, 0.5, -0.25, 0.25, 0.0, 0.1, -0.1, 0.3])  # both signs and zero, and the row's extreme
-    q, scale = quantize_rows(w, dtype)
-    assert q.dtype == dtype and q.float().abs().amax(-1).eq(127 if dtype == torch.int8 else 448).all()
+    if dtype == torch.float16:
+        q, scale = w.half(), torch.ones(n, device=DEVICE)
+    else:
+        q, scale = quantize_rows(w, dtype)
+        assert q.dtype == dtype and q.float().abs().amax(-1).eq(127 if dtype == torch.int8 else 448).all()
     x = torch.randn(rows, k, device=DEVICE).half()
     out = torch.zeros(rows, n, device=DEVICE, dtype=torch.float32 if residual else torch.float16)
-    fused_linear(x, q, out, bias=torch.zeros(n, device=DEVICE, dtype=torch.float16), residual=residual, scale=scale)
+    fused_linear(x, q, out, bias=torch.zeros(n, device=DEVICE, dtype=torch.float16), residual=residual,
+                 scale=None if dtype == torch.float16 else scale)
     expected = x.float() @ (q.float() * scale[:, None]).t()
     torch.testing.assert_close(out.float(), expected, rtol=2e-3, atol=2e-3)

@@ -92,6 +92,17 @@ def test_one_byte_weights_read_in_the_kernel_equal_dequantise_then_matmul(rows, 
         fused_linear(x, q, torch.empty(rows, 48))
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8-wo"])
+def test_layer_norms_apart_decode_as_the_fused_ones(model, precision, monkeypatch):
+    """Above 16 rows of a model from gpt2-medium's width up, the QKV and fc products take x normalised
+    by a launch of their own (forced here for the small model's three rows): the fused norm's logits."""
+    from pipeline.runtime.static import triton_backend
+    batch = left_pad(PROMPTS, 0, torch.device("cpu"))
+    fused = decode_logits(TritonBackend(model, precision, "cpu"), batch)
+    monkeypatch.setattr(triton_backend, "layer_norms_apart", lambda rows, width: True)
+    assert compare_logits(decode_logits(TritonBackend(model, precision, "cpu"), batch), fused)["rel_error"] < 2e-3
+
+
 def test_int8_wo_decodes_within_its_budget_and_keeps_the_greedy_tokens(model):
     """The int8-wo triton backend (int8 weights with a scale per output, fp16 activations) against
     StaticGPT2 fp32: logits within int8-wo's budget, and the greedy tokens of the fp16 backend."""

@@ -4,7 +4,9 @@ alone at every GPT-2 width under linear_config's tiles and a grid of others, spl
 weights (and int8 at 64 rows), cycling through enough copies of the weights (>= 150 MB) that none is
 still in the 50 MB L2 when it comes round again -> one line each, and the best tiles as JSON
 (argument 1, default /tmp/gather_best.json) for gather_ab.py.
-python3 docs/journal/probes/shapes_h200/gather_sweep.py [out.json]"""
+python3 docs/journal/probes/shapes_h200/gather_sweep.py [out.json]
+Runs on the tree of commit 80b455b: the gathering did not win and was taken out again
+(docs/journal/performance.md, "the layer norms apart")."""
 
 import itertools
 import json

@@ -96,9 +96,9 @@ def kernel_shares(prof, layers: int) -> str:
     return f"kernels {sum(total.values()) / steps:.1f} us: {shares} | a layer: {per_layer}"
 
 
-def configs(batch: int):
+def configs(batch: int, heads: int):
     from pipeline.runtime.kernels.triton_kernels import AttentionConfig, attention_config
-    yield attention_config(batch)
+    yield attention_config(batch, heads=heads)
     for splits, warps, block_t, registers in itertools.product((1, 2, 4, 8), (1, 2, 4), (16, 32, 64), (None, 80)):
         if registers is None or warps == 1:
             yield AttentionConfig(splits, warps, block_t, registers)
@@ -106,7 +106,7 @@ def configs(batch: int):
 
 def jobs():
     for preset, batch in itertools.product(PRESETS, BATCHES):
-        for cfg in dict.fromkeys(configs(batch)):
+        for cfg in dict.fromkeys(configs(batch, HEADS[preset])):
             yield HEADS[preset], batch, cfg
 
 
