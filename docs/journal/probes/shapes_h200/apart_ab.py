@@ -13,9 +13,10 @@ As run, on the tree of commit 80b455b (attention_config has since taken the head
 part 2's stand-in rules do not)."""
 
 import itertools
-import multiprocessing
 import os
 import sys
+
+from graph_timing import graph_us, sweep_times
 
 WIDTHS = (768, 1024, 1280, 1600)
 ROWS = (8, 64)
@@ -39,23 +40,6 @@ def jobs():
             yield c, m, name, dtype, True, linear_config(m, PRODUCTS[name] * c, c, False, dtype == "int8")
             for cfg in candidates(m, c):
                 yield c, m, name, dtype, False, cfg
-
-
-def timed(launch, copies: int, repeats: int) -> float:
-    import torch
-    launches = max(20, copies)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(launches):
-            launch(i % copies)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (launches * repeats)
 
 
 def run(job, repeats: int = 0):
@@ -82,7 +66,7 @@ def run(job, repeats: int = 0):
         return None if repeats else f"{type(e).__name__}"
     if not repeats:
         return "ok"
-    return timed(lambda i: fused_linear(x, weights[i], out, **options), copies, repeats)
+    return graph_us(lambda i: fused_linear(x, weights[i % copies], out, **options), max(20, copies), repeats)
 
 
 def norm_us(m: int, c: int) -> float:
@@ -91,19 +75,14 @@ def norm_us(m: int, c: int) -> float:
     from pipeline.runtime.kernels.triton_kernels import layer_norm
     x, out = torch.randn(m, c, device="cuda"), torch.empty(m, c, device="cuda", dtype=torch.float16)
     layer_norm(x, out, 1e-5)
-    return timed(lambda i: layer_norm(x, out, 1e-5), 1, 20)
+    return graph_us(lambda i: layer_norm(x, out, 1e-5), 20, 20)
 
 
 def sweep():
     """-> {(width, rows, dtype): (apart pays, {product: best apart tiles})}."""
-    todo = list(jobs())
-    with multiprocessing.get_context("spawn").Pool(min(15, os.cpu_count() or 1)) as pool:
-        built = pool.map(run, todo, chunksize=4)
-    print(f"{len(todo)} kernels, {sum(b == 'ok' for b in built)} built", flush=True)
     found = {}
-    for job, b in zip(todo, built):
-        if b == "ok":
-            found.setdefault(job[:5], []).append((run(job, repeats=5), job[5]))
+    for job, us in sweep_times(run, list(jobs()), repeats=5).items():
+        found.setdefault(job[:5], []).append((us, job[5]))
     chosen = {}
     for c, m, dtype in itertools.product(WIDTHS, ROWS, ("fp16", "int8")):
         norm = norm_us(m, c)

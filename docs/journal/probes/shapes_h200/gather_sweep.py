@@ -10,9 +10,9 @@ Runs on the tree of commit 80b455b: the gathering did not win and was taken out 
 
 import itertools
 import json
-import multiprocessing
-import os
 import sys
+
+from graph_timing import graph_us, sweep_times
 
 WIDTHS = (768, 1024, 1280, 1600)
 ROWS = (8, 64)
@@ -63,30 +63,13 @@ def run(job, repeats: int = 0):
         return None if repeats else f"{type(e).__name__}"
     if not repeats:
         return "ok"
-    launches = max(20, copies)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(launches):
-            fused_linear(x, weights[i % copies], out, **options)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (launches * repeats)
+    return graph_us(lambda i: fused_linear(x, weights[i % copies], out, **options), max(20, copies), repeats)
 
 
 def main():
-    todo = list(jobs())
-    with multiprocessing.get_context("spawn").Pool(min(15, os.cpu_count() or 1)) as pool:
-        built = pool.map(run, todo, chunksize=4)
-    print(f"{len(todo)} kernels, {sum(b == 'ok' for b in built)} built", flush=True)
     found = {}
-    for job, b in zip(todo, built):
-        if b == "ok":
-            found.setdefault(job[:4], []).append((run(job, repeats=5), job[4]))
+    for job, us in sweep_times(run, list(jobs()), repeats=5).items():
+        found.setdefault(job[:4], []).append((us, job[4]))
     best = {}
     for (c, m, name, dtype), times in found.items():
         us, cfg = min(times, key=lambda t: t[0])

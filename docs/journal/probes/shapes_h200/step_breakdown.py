@@ -12,10 +12,10 @@ python3 docs/journal/probes/shapes_h200/step_breakdown.py [preset ...]"""
 
 import collections
 import itertools
-import multiprocessing
-import os
 import sys
 import time
+
+from graph_timing import graph_us, sweep_times
 
 PRESETS = sys.argv[1:] or ["gpt2-medium", "gpt2-large", "gpt2-xl"]
 HEADS = {"gpt2": 12, "gpt2-medium": 16, "gpt2-large": 20, "gpt2-xl": 25}
@@ -136,28 +136,13 @@ def attention_us(job, repeats: int = 0):
         return None if repeats else type(e).__name__
     if not repeats:
         return "ok"
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(20):
-            launch(i)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (20 * repeats)
+    return graph_us(launch, 20, repeats)
 
 
 def sweep() -> None:
-    todo = list(jobs())
-    with multiprocessing.get_context("spawn").Pool(min(14, os.cpu_count() or 1)) as pool:
-        built = pool.map(attention_us, todo, chunksize=4)
     times = collections.defaultdict(list)
-    for job, ok in zip(todo, built):
-        if ok == "ok":
-            times[job[:2]].append((attention_us(job, repeats=20), job[2]))
+    for job, us in sweep_times(attention_us, list(jobs()), repeats=20).items():
+        times[job[:2]].append((us, job[2]))
     for (heads, batch), found in times.items():
         shipped, best = found[0][0], sorted(found, key=lambda f: f[0])[:3]
         print(f"attention {heads} heads b{batch}: shipped {shipped:.2f} us; best " +
