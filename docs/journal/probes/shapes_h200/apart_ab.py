@@ -9,8 +9,7 @@ shipped; attention's shares from step_breakdown.py's sweep (one-warp programs at
 those shares with the norms apart wherever part 1 found the two apart products and two norm
 launches faster than the two fused products, under part 1's best tiles.
 python3 docs/journal/probes/shapes_h200/apart_ab.py [preset ...]
-As run, on the tree of commit 80b455b (attention_config has since taken the head count, which
-part 2's stand-in rules do not)."""
+Run on the tree of commit 80b455b, where "shipped" was the rules before this probe's findings."""
 
 import itertools
 import os
@@ -122,9 +121,9 @@ def step_ab(chosen, presets):
         return tiles(m, n, k, residual, narrow)
 
     def shares_for(heads):
-        def rule(batch, filled=False):
+        def rule(batch, filled=False, heads=heads):
             if filled:
-                return shares(batch, filled)
+                return shares(batch, filled, heads)
             if batch <= 16:
                 return AttentionConfig(splits=8, warps=1, block_t=32 if batch <= 4 else 64, registers=80)
             return AttentionConfig(next((s for s in (4, 2) if batch * heads * s <= 3300), 1), 1, 16, 80)
