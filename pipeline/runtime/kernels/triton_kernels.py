@@ -473,7 +473,8 @@ def _one_byte_config(m: int, n: int, k: int, residual: bool, wide: bool) -> Line
     """Tiles for int8 / fp8 weights where their sweep at every width beat fp16's and the whole step
     agreed (docs/journal/performance.md, "one-byte weights"); None where fp16's are as good. The
     residual products: 128-wide K tiles split into whole tiles, 32 columns a tile (64 above 16 rows).
-    Above 16 rows the QKV and fc products' 16 x 128 tiles four stages deep at every width; at 2-16
+    Above 16 rows the QKV and fc products' 16 x 128 tiles four stages deep (below gpt2-large's width:
+    from it up their norms go apart and all rows take one tile, layer_norms_apart); at 2-16
     rows the LM head's 16 x 128 tiles (its 256-wide ones wait longer on the conversion). One row keeps
     fp16's: four warps a row product won alone and lost in the step (gpt2-xl 1.13 -> 1.28 ms)."""
     if m == 1:

@@ -119,10 +119,11 @@ class TritonBackend(StaticCacheBackend):
         early = pdl and self.streams_weights(len(s.token))
         if not embedded:
             embed(s.token, s.position, net.wte, net.wpe, x)
-        normed, norm = (b["normalized"], {}) if layer_norms_apart(len(s.token), net.n_embd) else (x, {"ln": net.eps})
+        apart = layer_norms_apart(len(s.token), net.n_embd)  # the QKV and fc products' input normalised first
+        normed, norm = (b["normalized"], {}) if apart else (x, {"ln": net.eps})
         for i in range(net.n_layer):
             keys, values = s.cache[2 * i], s.cache[2 * i + 1]
-            if normed is not x:
+            if apart:
                 layer_norm(x, normed, net.eps, pdl=pdl)
             # early at every batch: attention requests most of the cache before its wait
             self.linear(normed, "qkv", i, q, bias=net.qkv_b[i], qkv=(keys, values, s.start, net.head_dim),
@@ -131,7 +132,7 @@ class TritonBackend(StaticCacheBackend):
                              b["attention_arrivals"], pdl=pdl, early=early,
                              first=s.first if self.reads_from_first(keys.shape[2]) else None)
             self.linear(attention, "proj", i, x, bias=net.proj_b[i], residual=True, pdl=pdl, early=early)
-            if normed is not x:
+            if apart:
                 layer_norm(x, normed, net.eps, pdl=pdl)
             self.linear(normed, "fc", i, hidden, bias=net.fc_b[i], gelu=True, pdl=pdl, early=early, **norm)
             self.linear(hidden, "fc2", i, x, bias=net.fc2_b[i], residual=True, pdl=pdl, early=early)
@@ -167,10 +168,11 @@ class DecodeWeights:
                 self.weights[name] = (w, None, w.sum(-1, dtype=torch.float32))
                 continue
             q, scale = torch.empty_like(w, dtype=torch.int8), torch.empty(w.shape[:-1], device=w.device)
-            # a layer at a time (the LM head, one matrix, at once): quantize_rows works in fp32, and all
-            # of gpt2-xl's layers at once left gigabytes of fp32 temporaries in the allocator's cache
-            for i in range(len(w)) if w.dim() == 3 else [...]:
-                q[i], scale[i] = quantize_rows(w[i])
+            # a layer at a time (the LM head is one): quantize_rows works in fp32, and all of gpt2-xl's
+            # layers at once left gigabytes of fp32 temporaries in the allocator's cache
+            layers = (-1, *w.shape[-2:])
+            for layer, q_layer, scale_layer in zip(w.reshape(layers), q.view(layers), scale.view(layers[:2])):
+                q_layer[:], scale_layer[:] = quantize_rows(layer)
             # each output's real weights summed: its integers' sum (exact in fp32) times its scale
             self.weights[name] = (q, scale, q.sum(-1, dtype=torch.float32) * scale)
 
