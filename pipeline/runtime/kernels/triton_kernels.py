@@ -99,8 +99,13 @@ def _int8_as_fp16(w):
 @triton.jit
 def _tile_product(x_ptr, w_ptr, w_sums_ptr, scale_ptr, rm, rn, row_in, col_in, eps, K: tl.constexpr, LN: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SPLIT_K: tl.constexpr, REF_COLS: tl.constexpr, SCALED: tl.constexpr, INT8_BY_BITS: tl.constexpr):
+                  SPLIT_K: tl.constexpr, REF_COLS: tl.constexpr, SCALED: tl.constexpr, INT8_BY_BITS: tl.constexpr,
+                  W_LEFT: tl.constexpr):
     """LN?(x[rm]) @ w[rn]^T over this program's K slice, as tensor-core tiles walked along K.
+
+    W_LEFT: the product taken as (w[rn] @ x[rm]^T)^T, the weights its left operand, which Hopper's
+    tensor cores read from registers: one-byte weights converted there go straight into it, where as
+    the right operand they are stored back to shared memory first (docs/journal/performance.md).
 
     The layer norm takes no pass over x of its own: the product runs on x - r, r each row's mean of
     its first REF_COLS values (close enough to the mean that what is cast for the product is centred
@@ -108,7 +113,7 @@ def _tile_product(x_ptr, w_ptr, w_sums_ptr, scale_ptr, rm, rn, row_in, col_in, e
     LN(x) @ w^T = rstd * ((x - r) @ w^T - (mean - r) * w_sums), w_sums each output's summed weights.
     A statistics pass first would hold every weight tile back until all of x had arrived. x - r must
     fit the product's dtype, as the residual stream itself must in a model run in that dtype."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M) if W_LEFT else (BLOCK_M, BLOCK_N), tl.float32)
     if LN:  # SPLIT_K is 1 here: the slice is the whole row
         rr = tl.arange(0, REF_COLS)
         ref = tl.load(x_ptr + rm[:, None] * K + rr[None, :], mask=row_in[:, None], other=0.0).to(tl.float32)
@@ -128,7 +133,12 @@ def _tile_product(x_ptr, w_ptr, w_sums_ptr, scale_ptr, rm, rn, row_in, col_in, e
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=col_in[:, None] & k_in[None, :], other=0.0)
         if SCALED:  # int8 or fp8 weights: exact in fp16, the product's type; each output's scale comes after
             w = _int8_as_fp16(w) if INT8_BY_BITS else w.to(tl.float16)
-        acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=DOT_PRECISION)
+        if W_LEFT:
+            acc += tl.dot(w, tl.trans(x.to(w.dtype)), input_precision=DOT_PRECISION)
+        else:
+            acc += tl.dot(x.to(w.dtype), tl.trans(w), input_precision=DOT_PRECISION)
+    if W_LEFT:
+        acc = tl.trans(acc)
     if SCALED:  # before the layer norm's correction, which takes the scaled (real) weights' sums
         acc *= tl.load(scale_ptr + rn, mask=col_in, other=0.0)[None, :]
     if LN:
@@ -169,7 +179,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr, scale_ptr,
                          best_ptr, best_index_ptr, ARGMAX: tl.constexpr, STORE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                          REF_COLS: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, SCALED: tl.constexpr,
-                         INT8_BY_BITS: tl.constexpr):
+                         INT8_BY_BITS: tl.constexpr, W_LEFT: tl.constexpr):
     """out[M, N] = epilogue(LN?(x[M, K]) @ w[N, K]^T), as tensor-core tiles or, BLOCK_M 1, one row
     per program in row products (_tile_product, _row_product).
 
@@ -201,7 +211,7 @@ def _fused_linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, w_sums_ptr, scale_ptr,
         if PDL:
             gdc_wait()
         acc = _tile_product(x_ptr, w_ptr, w_sums_ptr, scale_ptr, rm, rn, row_in, col_in, eps, K, LN, DOT_PRECISION,
-                            BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, REF_COLS, SCALED, INT8_BY_BITS)
+                            BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, REF_COLS, SCALED, INT8_BY_BITS, W_LEFT)
     if PDL and not EARLY:  # this program's loads are done: the next launch may take multiprocessors as they free
         gdc_launch_dependents()
     if BIAS:
@@ -402,6 +412,7 @@ class LinearConfig:
     split_k: int = 1
     warps: int = 4
     stages: int = 3
+    weights_left: bool = False  # the weights as the tensor-core product's left operand (_tile_product's W_LEFT)
 
 
 def head_normalized_apart(m: int) -> bool:
@@ -435,6 +446,12 @@ def linear_config(m: int, n: int, k: int, residual: bool, narrow: bool = False) 
     width = n if residual else k  # the model's: the residual projections write it, the others read it
     wide = width >= 1024 and n <= 8192  # the LM head keeps its tiles at every width
     if wide and not residual and layer_norms_apart(m, width):  # all rows a tile: each weight read once
+        if k % 128 and not narrow:
+            # 1,600 wide: each program walks K a tile at a time, so the weight bytes in flight (about N x
+            # stages x BLOCK_K x 2) set the pace: 128-wide K tiles 6 deep (the last half masked) hold 7.4 MB
+            # where 64-wide ones 4 deep held 2.5 (QKV alone 9.9 -> 7.9 us; one-byte weights gained nothing
+            # in the step: docs/journal/performance.md, "weight bytes in flight")
+            return LinearConfig(64, 64, 128, stages=6, weights_left=True)
         return LinearConfig(64, 32, 128 if k % 128 == 0 else 64, stages=4)
     if narrow and (config := _one_byte_config(m, n, k, residual, wide)):
         return config
@@ -586,7 +603,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
         REF_COLS=min(64, 1 << (k.bit_length() - 1)),  # a power of two, at most K
         PDL=pdl, EARLY=early, SCALED=scale is not None,
         INT8_BY_BITS=w.dtype == torch.int8 and w.is_cuda,  # inline PTX: the interpreter converts plainly
-        launch_pdl=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
+        W_LEFT=cfg.weights_left and cfg.block_m > 1, launch_pdl=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,18 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU: on a CPU tests/runtime/static/test_triton_backend.py runs these kernels interpreted",
                 allow_module_level=True)
-from pipeline.runtime.kernels.triton_kernels import fused_linear, quantize_rows  # noqa: E402
+from pipeline.runtime.kernels.triton_kernels import LinearConfig, fused_linear, quantize_rows  # noqa: E402
 
 DEVICE = torch.device("cuda")
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn, torch.float16], ids=["int8", "fp8", "fp16"])
-@pytest.mark.parametrize("rows", [1, 8, 64])  # row products, then tiles of 16 rows, then wider tiles
+# row products, then tiles of 16 rows, then wider tiles; the tuned ones, and with the weights the left operand
+@pytest.mark.parametrize("rows, weights_left", [(1, False), (8, False), (64, False), (8, True), (64, True)])
 @pytest.mark.parametrize("width, residual", [(768, False), (1600, False), (1600, True)])
-def test_one_byte_weights_equal_dequantise_then_matmul(dtype, rows, width, residual):
-    """(fp16 weights: 64 rows of a product 1,600 wide take the 64-row tiles of x normalised apart.)"""
+def test_one_byte_weights_equal_dequantise_then_matmul(dtype, rows, width, residual, weights_left):
+    """(fp16 weights: 64 rows of a product 1,600 wide take the 64-row tiles of x normalised apart.
+    weights-left: the tiles with the weights as the left operand, which Hopper reads from registers.)"""
     torch.manual_seed(0)
     n, k = (width, 4 * width) if residual else (3 * width, width)
     w = torch.randn(n, k, device=DEVICE) * 0.02
@@ -29,7 +31,8 @@ def test_one_byte_weights_equal_dequantise_then_matmul(dtype, rows, width, resid
         assert q.dtype == dtype and q.float().abs().amax(-1).eq(127 if dtype == torch.int8 else 448).all()
     x = torch.randn(rows, k, device=DEVICE).half()
     out = torch.zeros(rows, n, device=DEVICE, dtype=torch.float32 if residual else torch.float16)
+    config = LinearConfig(16 if rows <= 16 else 64, 64, 64, 5 if residual else 1, weights_left=True) if weights_left else None
     fused_linear(x, q, out, bias=torch.zeros(n, device=DEVICE, dtype=torch.float16), residual=residual,
-                 scale=None if dtype == torch.float16 else scale)
+                 scale=None if dtype == torch.float16 else scale, config=config)
     expected = x.float() @ (q.float() * scale[:, None]).t()
     torch.testing.assert_close(out.float(), expected, rtol=2e-3, atol=2e-3)

@@ -68,13 +68,15 @@ def test_an_odd_head_count_and_widths_no_tile_divides_match_static_gpt2():
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn], ids=["int8", "fp8"])
-@pytest.mark.parametrize("rows", [1, 3])
+# one row: row products; three: tiles, the weights either operand
+@pytest.mark.parametrize("rows, weights_left", [(1, False), (3, False), (3, True)], ids=["row", "right", "left"])
 @pytest.mark.parametrize("ln, residual, split_k", [(False, False, 1), (True, False, 1), (False, True, 2)])
-def test_one_byte_weights_read_in_the_kernel_equal_dequantise_then_matmul(rows, ln, residual, split_k, dtype):
+def test_one_byte_weights_read_in_the_kernel_equal_dequantise_then_matmul(rows, ln, residual, split_k, dtype,
+                                                                          weights_left):
     """fused_linear over int8 or fp8 weights and their scales (row products at one row, tiles at three,
-    with the folded layer norm, and split K into a residual) against the same product in fp32 over the
-    dequantised weights (within fp16's rounding: the tiles take x, or its layer norm, in fp16, the
-    activations' type in int8-wo)."""
+    with the folded layer norm, and split K into a residual; the tiles with the weights as either
+    operand) against the same product in fp32 over the dequantised weights (within fp16's rounding:
+    the tiles take x, or its layer norm, in fp16, the activations' type in int8-wo)."""
     torch.manual_seed(2)
     x, w = (torch.randn(rows, 64) * 2 + 0.5).half().float(), torch.randn(48, 64)
     q, scale = quantize_rows(w, dtype)
@@ -86,7 +88,7 @@ def test_one_byte_weights_read_in_the_kernel_equal_dequantise_then_matmul(rows, 
         expected += out
     block_m = 1 if rows == 1 else 16
     fused_linear(x, q, out, bias, ln=(real.sum(1), 1e-5) if ln else None, residual=residual, scale=scale,
-                 config=LinearConfig(block_m, 16, 16 if block_m > 1 else 0, split_k))
+                 config=LinearConfig(block_m, 16, 16 if block_m > 1 else 0, split_k, weights_left=weights_left))
     torch.testing.assert_close(out, expected, rtol=2e-3, atol=1e-2)
     with pytest.raises(ValueError, match="fp8 weights take their scale"):
         fused_linear(x, q, torch.empty(rows, 48))
@@ -153,8 +155,9 @@ def test_split_k_adds_each_slice_and_the_bias_once(split_k, block_m):
     torch.testing.assert_close(out, residual + x @ w.T + bias, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("block_m", [1, 16])  # row products; tiles walking K in three 32-wide chunks
-def test_layer_norm_and_gelu_over_several_k_chunks(block_m):
+# row products; tiles walking K in three 32-wide chunks, the weights as either operand
+@pytest.mark.parametrize("block_m, weights_left", [(1, False), (16, False), (16, True)])
+def test_layer_norm_and_gelu_over_several_k_chunks(block_m, weights_left):
     """The norm's weight and bias folded into the product, as StaticGPT2 folds them."""
     from pipeline.runtime.kernels.triton_kernels import LinearConfig, fused_linear
     torch.manual_seed(3)
@@ -163,7 +166,7 @@ def test_layer_norm_and_gelu_over_several_k_chunks(block_m):
     folded_w, folded_bias = w * gamma, bias + w @ beta
     out = torch.empty(5, 40)
     fused_linear(x, folded_w, out, folded_bias, ln=(folded_w.sum(1), 1e-5), gelu=True,
-                 config=LinearConfig(block_m, 16, 32))
+                 config=LinearConfig(block_m, 16, 32, weights_left=weights_left))
     normed = torch.nn.functional.layer_norm(x, (96,), gamma, beta, 1e-5)
     expected = torch.nn.functional.gelu(normed @ w.T + bias, approximate="tanh")
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
