@@ -104,7 +104,7 @@ def _tile_product(x_ptr, w_ptr, w_sums_ptr, scale_ptr, rm, rn, row_in, col_in, e
     """LN?(x[rm]) @ w[rn]^T over this program's K slice, as tensor-core tiles walked along K.
 
     W_LEFT: the product taken as (w[rn] @ x[rm]^T)^T, the weights its left operand, which Hopper's
-    tensor cores read from registers: one-byte weights converted there go straight into it, where as
+    tensor cores read from registers: one-byte weights converted there go straight into it, whereas
     the right operand they are stored back to shared memory first (docs/journal/performance.md).
 
     The layer norm takes no pass over x of its own: the product runs on x - r, r each row's mean of
@@ -433,7 +433,7 @@ def layer_norms_apart(m: int, width: int) -> bool:
     return m > 16 and width >= 1280
 
 
-def linear_config(m: int, n: int, k: int, residual: bool, narrow: bool = False) -> LinearConfig:
+def linear_config(m: int, n: int, k: int, residual: bool, narrow: bool = False, fp32: bool = False) -> LinearConfig:
     """Tile sizes for one fused linear, chosen by timing every GPT-2 124M shape at batch 1, 8 and 64
     on an H200 (docs/journal/decode_notes_h200.md has the sweeps), then the wider models' (1,024 to
     1,600: `width` below) product by product (docs/journal/performance.md, "tiles for the wider
@@ -442,11 +442,12 @@ def linear_config(m: int, n: int, k: int, residual: bool, narrow: bool = False) 
     GPT-2 124M, each loading its whole K slice at once, with fewer warps the longer the slice. More
     rows take narrow tensor-core tiles and, where the epilogue is a plain sum (the residual
     projections), split K, so that each launch runs 70 to 400 programs. narrow: one-byte weights
-    (int8, fp8), whose tiles differ where their own sweep found better (_one_byte_config)."""
+    (int8, fp8), whose tiles differ where their own sweep found better (_one_byte_config); fp32:
+    four-byte operands, which keep the tiles whose stages fit in shared memory at four bytes."""
     width = n if residual else k  # the model's: the residual projections write it, the others read it
     wide = width >= 1024 and n <= 8192  # the LM head keeps its tiles at every width
     if wide and not residual and layer_norms_apart(m, width):  # all rows a tile: each weight read once
-        if k % 128 and not narrow:
+        if k % 128 and not (narrow or fp32):
             # 1,600 wide: each program walks K a tile at a time, so the weight bytes in flight (about N x
             # stages x BLOCK_K x 2) set the pace: 128-wide K tiles 6 deep (the last half masked) hold 7.4 MB
             # where 64-wide ones 4 deep held 2.5 (QKV alone 9.9 -> 7.9 us; one-byte weights gained nothing
@@ -567,7 +568,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
     weights are read in one byte each, half fp16's); ln's w_sums are then the scaled weights' sums."""
     m, k = x.shape
     n = w.shape[0] if n is None else n
-    cfg = config or linear_config(m, n, k, residual, narrow=w.dtype in NARROW_WEIGHTS)
+    cfg = config or linear_config(m, n, k, residual, narrow=w.dtype in NARROW_WEIGHTS, fp32=w.dtype == torch.float32)
     if cfg.block_m == 1:  # row products: each program loads its whole K slice, so block_k is not a choice
         block_k, k_step = triton.next_power_of_2(k // cfg.split_k), 1
     else:

@@ -53,9 +53,11 @@ def test_the_layer_norms_go_apart_above_16_rows_from_gpt2_large_up():
     assert not (layer_norms_apart(16, 1600) or layer_norms_apart(64, 1024) or layer_norms_apart(64, 768))
     for narrow in (False, True):
         assert linear_config(64, 3840, 1280, False, narrow) == LinearConfig(64, 32, 128, stages=4)
-    # 1,600 wide in fp16: deeper K tiles, the weights the left operand; one-byte weights keep 64-wide ones
+    # 1,600 wide in fp16: deeper K tiles, the weights the left operand; one-byte weights keep 64-wide
+    # ones, and so do fp32's, whose deep tiles would need 320 KB of shared memory (compiled for sm90; it has 227)
     assert linear_config(64, 6400, 1600, False) == LinearConfig(64, 64, 128, stages=6, weights_left=True)
     assert linear_config(64, 6400, 1600, False, narrow=True) == LinearConfig(64, 32, 64, stages=4)
+    assert linear_config(64, 6400, 1600, False, fp32=True) == LinearConfig(64, 32, 64, stages=4)
     assert linear_config(64, 3072, 1024, False) == LinearConfig(16, 128, 128, stages=4)
     assert linear_config(64, 50257, 1600, False).block_n == 128
 
