@@ -423,14 +423,16 @@ def head_normalized_apart(m: int) -> bool:
     return m > 16
 
 
-def layer_norms_apart(m: int, width: int) -> bool:
+def layer_norms_apart(m: int, width: int, narrow: bool = False) -> bool:
     """Whether the QKV and fc products over m rows take x normalised by a launch of their own
-    (layer_norm), as the LM head does above 16 rows: above 16 rows from gpt2-large's width up. Their
-    tiles then read x in fp16 with no norm arithmetic, and 64-row tiles read each weight once: at 64
-    rows gpt2-large's fp16 step 2.08 -> 1.80 ms and gpt2-xl's 3.92 -> 3.13, for two launches more a
-    layer; at gpt2-medium's width it bought 1% (int8-wo lost 4%), at 124M's and at 8 rows the fused
-    norm was as fast or faster (docs/journal/performance.md, "the layer norms apart")."""
-    return m > 16 and width >= 1280
+    (layer_norm), as the LM head does above 16 rows: above 16 rows from gpt2-medium's width up, from
+    gpt2-large's for one-byte weights (narrow). Their tiles then read x in fp16 with no norm
+    arithmetic, and 64-row tiles read each weight once: at 64 rows gpt2-large's fp16 step 2.08 -> 1.80
+    ms and gpt2-xl's 3.92 -> 3.13, for two launches more a layer; gpt2-medium's 1.045-1.081 -> 1.019-1.020
+    under six-stage tiles (int8-wo lost 4% in one A/B, gained 0-5% in another); at 124M's width and at
+    8 rows the fused norm was as fast or faster (docs/journal/performance.md, "the layer norms apart",
+    "weight bytes in flight")."""
+    return m > 16 and width >= (1280 if narrow else 1024)
 
 
 def linear_config(m: int, n: int, k: int, residual: bool, narrow: bool = False, fp32: bool = False) -> LinearConfig:
@@ -446,14 +448,14 @@ def linear_config(m: int, n: int, k: int, residual: bool, narrow: bool = False, 
     four-byte operands, which keep the tiles whose stages fit in shared memory at four bytes."""
     width = n if residual else k  # the model's: the residual projections write it, the others read it
     wide = width >= 1024 and n <= 8192  # the LM head keeps its tiles at every width
-    if wide and not residual and layer_norms_apart(m, width):  # all rows a tile: each weight read once
-        if k % 128 and not (narrow or fp32):
-            # 1,600 wide: each program walks K a tile at a time, so the weight bytes in flight (about N x
-            # stages x BLOCK_K x 2) set the pace: 128-wide K tiles 6 deep (the last half masked) hold 7.4 MB
-            # where 64-wide ones 4 deep held 2.5 (QKV alone 9.9 -> 7.9 us; one-byte weights gained nothing
-            # in the step: docs/journal/performance.md, "weight bytes in flight")
-            return LinearConfig(64, 64, 128, stages=6, weights_left=True)
-        return LinearConfig(64, 32, 128 if k % 128 == 0 else 64, stages=4)
+    if wide and not residual and layer_norms_apart(m, width, narrow):  # all rows a tile: each weight read once
+        if narrow or fp32:  # one-byte weights gained nothing from deeper tiles in the step; fp32's would not fit
+            return LinearConfig(64, 32, 128 if k % 128 == 0 else 64, stages=4)
+        # each program walks K a tile at a time, so the weight bytes in flight (about N x stages x BLOCK_K
+        # x 2) set the pace: 6 stages; at 1,600 wide 128-wide K tiles (the last half masked) with the
+        # weights on the left hold 7.4 MB where 64-wide ones 4 deep held 2.5 (QKV alone 9.9 -> 7.9 us:
+        # docs/journal/performance.md, "weight bytes in flight")
+        return LinearConfig(64, 64, 128, stages=6, weights_left=True) if k % 128 else LinearConfig(64, 32, 128, stages=6)
     if narrow and (config := _one_byte_config(m, n, k, residual, wide)):
         return config
     if m == 1:
@@ -492,7 +494,7 @@ def _one_byte_config(m: int, n: int, k: int, residual: bool, wide: bool) -> Line
     agreed (docs/journal/performance.md, "one-byte weights"); None where fp16's are as good. The
     residual products: 128-wide K tiles split into whole tiles, 32 columns a tile (64 above 16 rows).
     Above 16 rows the QKV and fc products' 16 x 128 tiles four stages deep (below gpt2-large's width:
-    from it up their norms go apart and all rows take one tile, layer_norms_apart); at 2-16
+    from it up their norms go apart and all rows take one tile, layer_norms_apart(narrow)); at 2-16
     rows the LM head's 16 x 128 tiles (its 256-wide ones wait longer on the conversion). One row keeps
     fp16's: four warps a row product won alone and lost in the step (gpt2-xl 1.13 -> 1.28 ms)."""
     if m == 1:

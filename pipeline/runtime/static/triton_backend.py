@@ -119,7 +119,8 @@ class TritonBackend(StaticCacheBackend):
         early = pdl and self.streams_weights(len(s.token))
         if not embedded:
             embed(s.token, s.position, net.wte, net.wpe, x)
-        apart = layer_norms_apart(len(s.token), net.n_embd)  # the QKV and fc products' input normalised first
+        # the QKV and fc products' input normalised first
+        apart = layer_norms_apart(len(s.token), net.n_embd, self.decode_weights.narrow)
         normed, norm = (b["normalized"], {}) if apart else (x, {"ln": net.eps})
         for i in range(net.n_layer):
             keys, values = s.cache[2 * i], s.cache[2 * i + 1]

@@ -101,7 +101,7 @@ def test_layer_norms_apart_decode_as_the_fused_ones(model, precision, monkeypatc
     from pipeline.runtime.static import triton_backend
     batch = left_pad(PROMPTS, 0, torch.device("cpu"))
     fused = decode_logits(TritonBackend(model, precision, "cpu"), batch)
-    monkeypatch.setattr(triton_backend, "layer_norms_apart", lambda rows, width: True)
+    monkeypatch.setattr(triton_backend, "layer_norms_apart", lambda rows, width, narrow: True)
     assert compare_logits(decode_logits(TritonBackend(model, precision, "cpu"), batch), fused)["rel_error"] < 2e-3
 
 

@@ -61,11 +61,12 @@ def jobs():
 
 
 def run(job, repeats: int = 0):
-    """Launch one product as the step does (compiling it); with repeats, its time a launch in us."""
+    """Launch one product as the step does (compiling it); with repeats, its time a launch in us. A
+    sixth item in the job, where there is one, says whether x comes normalised apart."""
     import torch
 
     from pipeline.runtime.kernels.triton_kernels import fused_linear, quantize_rows
-    c, m, name, dtype, cfg = job
+    c, m, name, dtype, cfg, *apart = job
     n, k, residual = shape(c, name)
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
     sums, scale = w.float().sum(1), None
@@ -73,7 +74,7 @@ def run(job, repeats: int = 0):
         w, scale = quantize_rows(w)
     copies = max(1, -(-150 * 2**20 // w.nbytes)) if repeats else 1
     weights = [w] + [w.clone() for _ in range(copies - 1)]
-    apart = normalised_apart(m, c, name)
+    apart = apart[0] if apart else normalised_apart(m, c, name)
     x = torch.randn(m, k, device="cuda", dtype=torch.float16 if residual or apart else torch.float32)
     options = dict(bias=torch.zeros(n, device="cuda", dtype=torch.float16), config=cfg, residual=residual, scale=scale,
                    gelu=name == "fc", **({} if residual or apart else {"ln": (sums, 1e-5)}))
@@ -121,10 +122,10 @@ def step(chosen_path: str, presets: list[str]) -> None:
         chosen = json.load(f)
     shipped = triton_kernels.linear_config
 
-    def chosen_tiles(m, n, k, residual, narrow=False):
+    def chosen_tiles(m, n, k, residual, narrow=False, fp32=False):
         name = product_of(n, k, residual)
         key = f"{'int8' if narrow else 'fp16'} {n if residual else k} {8 if m <= 16 else 64} {name}"
-        return LinearConfig(*chosen[key]) if m > 1 and key in chosen else shipped(m, n, k, residual, narrow)
+        return LinearConfig(*chosen[key]) if m > 1 and key in chosen else shipped(m, n, k, residual, narrow, fp32)
 
     for preset in presets:
         torch.manual_seed(0)

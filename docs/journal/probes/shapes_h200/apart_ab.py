@@ -111,14 +111,14 @@ def step_ab(chosen, presets):
     def rows(m):
         return 8 if m <= 16 else 64
 
-    def apart_rule(m, width):
+    def apart_rule(m, width, narrow=False):
         return m > 1 and chosen[(width, rows(m), current[0])][0]
 
-    def apart_tiles(m, n, k, residual, narrow=False):
+    def apart_tiles(m, n, k, residual, narrow=False, fp32=False):
         product = {3 * k: "qkv", 4 * k: "fc"}.get(n)
         if m > 1 and product and not residual and apart_rule(m, k):
             return chosen[(k, rows(m), current[0])][1][product]
-        return tiles(m, n, k, residual, narrow)
+        return tiles(m, n, k, residual, narrow, fp32)
 
     def shares_for(heads):
         def rule(batch, filled=False, heads=heads):

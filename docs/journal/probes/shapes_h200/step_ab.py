@@ -44,7 +44,7 @@ def main() -> None:
     mode = sys.argv[1] if sys.argv[1:2] in (["--int8"], ["--int8-vs-fp16"]) else None
     tiles = triton_kernels.linear_config
     if mode == "--int8":
-        variants = {"fp16 tiles": ("int8-wo", lambda m, n, k, residual, narrow=False: tiles(m, n, k, residual)),
+        variants = {"fp16 tiles": ("int8-wo", lambda m, n, k, residual, narrow=False, fp32=False: tiles(m, n, k, residual, fp32=fp32)),
                     "one-byte tiles": ("int8-wo", tiles)}
     elif mode == "--int8-vs-fp16":
         variants = {"fp16": ("fp16", tiles), "int8-wo": ("int8-wo", tiles)}
@@ -53,7 +53,8 @@ def main() -> None:
         old = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = old  # dataclasses look their module up
         spec.loader.exec_module(old)
-        variants = {"old": ("fp16", old.linear_config), "new": ("fp16", tiles)}
+        # an older tree's rule takes no fp32 (the current kernels' fused_linear passes it)
+        variants = {"old": ("fp16", lambda *a, fp32=False, **kw: old.linear_config(*a, **kw)), "new": ("fp16", tiles)}
     for preset in sys.argv[1 + bool(mode):] or ["gpt2-medium", "gpt2-large", "gpt2-xl"]:
         shape = PRESETS[preset].get("model", {})  # gpt2: the defaults
         torch.manual_seed(0)
