@@ -429,7 +429,7 @@ def layer_norms_apart(m: int, width: int, narrow: bool = False) -> bool:
     gpt2-large's for one-byte weights (narrow). Their tiles then read x in fp16 with no norm
     arithmetic, and 64-row tiles read each weight once: at 64 rows gpt2-large's fp16 step 2.08 -> 1.80
     ms and gpt2-xl's 3.92 -> 3.13, for two launches more a layer; gpt2-medium's 1.045-1.081 -> 1.019-1.020
-    under six-stage tiles (int8-wo lost 4% in one A/B, gained 0-5% in another); at 124M's width and at
+    under deeper tiles (int8-wo lost 4% in one A/B, 0-5% faster in another); at 124M's width and at
     8 rows the fused norm was as fast or faster (docs/journal/performance.md, "the layer norms apart",
     "weight bytes in flight")."""
     return m > 16 and width >= (1280 if narrow else 1024)
@@ -452,10 +452,13 @@ def linear_config(m: int, n: int, k: int, residual: bool, narrow: bool = False, 
         if narrow or fp32:  # one-byte weights gained nothing from deeper tiles in the step; fp32's would not fit
             return LinearConfig(64, 32, 128 if k % 128 == 0 else 64, stages=4)
         # each program walks K a tile at a time, so the weight bytes in flight (about N x stages x BLOCK_K
-        # x 2) set the pace: 6 stages; at 1,600 wide 128-wide K tiles (the last half masked) with the
-        # weights on the left hold 7.4 MB where 64-wide ones 4 deep held 2.5 (QKV alone 9.9 -> 7.9 us:
-        # docs/journal/performance.md, "weight bytes in flight")
-        return LinearConfig(64, 64, 128, stages=6, weights_left=True) if k % 128 else LinearConfig(64, 32, 128, stages=6)
+        # x 2) set the pace: at 1,600 wide 128-wide K tiles (the last half masked) six deep with the weights
+        # on the left hold 7.4 MB where 64-wide ones 4 deep held 2.5 (QKV alone 9.9 -> 7.9 us); at 1,024 six
+        # stages hold 4.7 MB (3.1 at four); at 1,280, where four hold 3.9-5.2 MB, six lost 3% of the batch-64
+        # step (docs/journal/performance.md, "weight bytes in flight")
+        if k % 128:
+            return LinearConfig(64, 64, 128, stages=6, weights_left=True)
+        return LinearConfig(64, 32, 128, stages=6 if k < 1280 else 4)
     if narrow and (config := _one_byte_config(m, n, k, residual, wide)):
         return config
     if m == 1:
