@@ -16,10 +16,11 @@ DEVICE = torch.device("cuda")
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn, torch.float16], ids=["int8", "fp8", "fp16"])
 # row products, then tiles of 16 rows, then wider tiles; the tuned ones, and with the weights the left operand
 @pytest.mark.parametrize("rows, weights_left", [(1, False), (8, False), (64, False), (8, True), (64, True)])
-@pytest.mark.parametrize("width, residual", [(768, False), (1600, False), (1600, True)])
+@pytest.mark.parametrize("width, residual", [(768, False), (1024, False), (1600, False), (1600, True)])
 def test_one_byte_weights_equal_dequantise_then_matmul(dtype, rows, width, residual, weights_left):
-    """(fp16 weights: 64 rows of a product 1,600 wide take the 64-row tiles of x normalised apart.
-    weights-left: the tiles with the weights as the left operand, which Hopper reads from registers.)"""
+    """(fp16 weights: 64 rows of a product 1,024 or 1,600 wide take the 64-row tiles of x normalised
+    apart, six stages deep, at 1,600 with the weights on the left. weights-left: the tiles with the
+    weights as the left operand, which Hopper reads from registers.)"""
     torch.manual_seed(0)
     n, k = (width, 4 * width) if residual else (3 * width, width)
     w = torch.randn(n, k, device=DEVICE) * 0.02
