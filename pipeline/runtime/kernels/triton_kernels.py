@@ -17,10 +17,10 @@ fused_linear runs one row as row products (each program a few output columns, it
 loaded at once: at batch 1 what counts is how many weight bytes are in flight) and more rows as
 narrow tensor-core tiles; a layer norm before a product is fused into it, its weight and bias
 folded into the product's (the tiles apply it after the product, so that no pass over x holds the
-weights back: _tile_product), except before the LM head above 16 rows, where one small launch
-normalises x first (layer_norm, head_normalized_apart). The residual stream is kept in fp32
-between kernels; weights, cache and activations that feed a matrix product are in the model's
-dtype. The step's slot is read from a
+weights back: _tile_product), except above 16 rows before the LM head and, from 1,024 wide, before
+QKV and fc, where one small launch normalises x first (layer_norm, head_normalized_apart,
+layer_norms_apart). The residual stream is kept in fp32 between kernels; weights, cache and
+activations that feed a matrix product are in the model's dtype. The step's slot is read from a
 device scalar, so one CUDA graph of these launches serves every step. For greedy decoding the LM head also leaves each
 program's row maxima and greedy_advance turns them into the next token and the next step's inputs,
 one more launch in place of the host's argmax and input copies.
