@@ -609,7 +609,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
         REF_COLS=min(64, 1 << (k.bit_length() - 1)),  # a power of two, at most K
         PDL=pdl, EARLY=early, SCALED=scale is not None,
         INT8_BY_BITS=w.dtype == torch.int8 and w.is_cuda,  # inline PTX: the interpreter converts plainly
-        W_LEFT=cfg.weights_left and cfg.block_m > 1, launch_pdl=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
+        W_LEFT=cfg.weights_left, launch_pdl=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
 
 
 @dataclass(frozen=True)
