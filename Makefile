@@ -73,10 +73,8 @@ train-bench: install
 doctor: install
 	$(CLI) doctor
 
-# two processes, each taking whole test files (a file's tests share its fixtures): on 2 cores 18 -> 14
-# minutes, the serve and torchrun tests waiting on their subprocesses while the other process computes
 test: lint
-	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile
+	$(VENV)/bin/python -m pytest -q
 
 # the settings are pyproject.toml's [tool.ruff]
 lint: install
