@@ -13,6 +13,7 @@ import onnx
 
 from pipeline.export.graph_passes import dedupe_initializers
 from pipeline.export.modelopt_support import modelopt
+from pipeline.export.onnx_fp32 import save_graph
 
 
 def convert_fp16(fp32_path: Path, out_path: Path, calibration_npz: Path) -> None:
@@ -23,4 +24,4 @@ def convert_fp16(fp32_path: Path, out_path: Path, calibration_npz: Path) -> None
     model = convert(str(fp32_path), low_precision_type="fp16", keep_io_types=False,
                     calibration_data=str(calibration_npz), nodes_to_include=embedding_gathers, providers=["cpu"])
     dedupe_initializers(model)
-    onnx.save(model, str(out_path))
+    save_graph(model, out_path)

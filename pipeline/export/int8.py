@@ -19,6 +19,7 @@ import onnx
 from pipeline.errors import UserError
 from pipeline.export.graph_passes import dedupe_initializers, quantize_weights_int8
 from pipeline.export.modelopt_support import modelopt
+from pipeline.export.onnx_fp32 import save_graph
 
 QUANTIZED_OPS = ["Gemm"]
 
@@ -26,18 +27,22 @@ QUANTIZED_OPS = ["Gemm"]
 def convert_int8_qdq(fp32_path: Path, out_path: Path, calibration: dict[str, np.ndarray]) -> None:
     quantize = modelopt("modelopt.onnx.quantization", "int8 export").quantize
     with tempfile.TemporaryDirectory(dir=out_path.parent) as tmp:
-        source = Path(tmp) / "model.onnx"
-        shutil.copy(fp32_path, source)  # quantize() rewrites its input in place (shape inference)
+        source, quantized = Path(tmp) / fp32_path.name, Path(tmp) / "quantized.onnx"
+        # quantize() rewrites its input in place (shape inference): it gets a copy, weights included
+        for file in (fp32_path, fp32_path.with_name(fp32_path.name + ".data")):
+            if file.exists():
+                shutil.copy(file, source.with_name(file.name))
         quantize(str(source), quantize_mode="int8", calibration_data=calibration, calibration_method="max",
                  calibration_eps=["cpu"], op_types_to_quantize=QUANTIZED_OPS, high_precision_dtype="fp32",
-                 dq_only=True, output_path=str(out_path), log_level="WARNING")
-    model = onnx.load(str(out_path))
-    if dedupe_initializers(model):
-        onnx.save(model, str(out_path))
+                 dq_only=True, output_path=str(quantized), log_level="WARNING")
+        # rewritten by our writer: past 2 GB ModelOpt names the weights' file its own way
+        model = onnx.load(str(quantized))
+    dedupe_initializers(model)
+    save_graph(model, out_path)
 
 
 def convert_int8_weight_only(fp32_path: Path, out_path: Path) -> None:
     model = onnx.load(str(fp32_path))
     if quantize_weights_int8(model) == 0:
         raise UserError(f"{fp32_path}: no MatMul/Gemm weights to quantise; is this graph from `gpt2-deploy export`?")
-    onnx.save(model, str(out_path))
+    save_graph(model, out_path)

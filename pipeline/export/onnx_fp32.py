@@ -86,6 +86,14 @@ def needs_external_data(weight_bytes: int) -> bool:
     return weight_bytes > ONNX_PROTOBUF_LIMIT * 0.9
 
 
+def save_graph(model: onnx.ModelProto, path: Path) -> None:
+    """Write a converter's graph (weights in memory) to path, its weights in `<path>.data` past the
+    protobuf limit, the one place the run folder's checks look for them (RunDir.require_exported)."""
+    # the weights' size tensor by tensor: the whole graph's ByteSize fails past 2 GB (gpt2-xl)
+    weight_bytes = sum(tensor.ByteSize() for tensor in model.graph.initializer)
+    onnx.save(model, str(path), save_as_external_data=needs_external_data(weight_bytes), location=f"{path.name}.data")
+
+
 def finish_graph(path: Path) -> onnx.ModelProto:
     """Drop converters' shape annotations, then run the ONNX checker and shape inference on the
     saved file (path-based: external data included); return the model without its weights.

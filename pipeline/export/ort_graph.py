@@ -26,7 +26,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.contract import LOGITS, LOGITS_TO_KEEP, ORT, Contract
-from pipeline.export.onnx_fp32 import needs_external_data
+from pipeline.export.onnx_fp32 import save_graph
 
 MS = "com.microsoft"
 IR_VERSION = 10  # ONNX Runtime 1.31 refused the graph at the onnx package's default (newest) IR version
@@ -61,9 +61,7 @@ def export_ort_graph(model, precision: str, path: Path, opset: int) -> None:
     graph = build_ort_graph(state, model.config, spec.activations, opset)
     if spec.int8_weights:
         graph = _int8_matmuls(graph, spec.accuracy_level)
-    # the weights' size, tensor by tensor: the whole graph's ByteSize fails past protobuf's 2 GB (gpt2-xl)
-    weight_bytes = sum(tensor.ByteSize() for tensor in graph.graph.initializer)
-    onnx.save(graph, str(path), save_as_external_data=needs_external_data(weight_bytes), location=f"{path.name}.data")
+    save_graph(graph, path)
 
 
 def _int8_matmuls(graph: onnx.ModelProto, accuracy_level: int) -> onnx.ModelProto:
