@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # gpt2-xl's portable fp16 (ModelOpt AutoCast) and int8 (ModelOpt Q/DQ PTQ) exports on the H200's host
-# (#50: its 128 GB hold what the CPU machine's 24 GB cannot), ModelOpt carried as wheels. Part 1: a
-# 2-step fine-tune (random init) and the fp16 graph (the fp32 one first); part 2, on the same warm
-# machine: the int8 graph. Each export runs its parity check on ONNX Runtime. Output into $OUT.
+# (#50: its 128 GB hold what the CPU machine's 24 GB cannot), ModelOpt carried as wheels: a 2-step
+# fine-tune (random init), the fp32 graph, then the fp16 and int8 graphs side by side, each with
+# export's parity check on ONNX Runtime. Output into $OUT.
 . "$(dirname "$0")/sitting.sh"
 FT="--set train.steps=2 --set train.grad_accum=1 --set train.warmup_steps=0 --set train.eval_batches=1 --set train.compile=false"
 R="--preset gpt2-xl --run xl"
-if [ "$1" = 1 ]; then
-  step "finetune xl" 150 $G finetune $R $FT
-  step "export portable fp16" 420 $G export $R --target portable --precision fp16
-else
-  step "export portable int8" 560 $G export $R --target portable --precision int8
-fi
+step "finetune xl" 150 $G finetune $R $FT
+step "export portable fp32" 150 $G export $R --target portable --precision fp32
+# one stage at a time writes a run folder: the int8 graph goes to a hard-linked copy (files are
+# replaced, never written in place), so the two ModelOpt conversions run side by side
+cp -al artifacts/xl artifacts/xl8
+step "export portable int8" 400 $G export --preset gpt2-xl --run xl8 --target portable --precision int8 &
+step "export portable fp16" 400 $G export $R --target portable --precision fp16
+wait
+ls -la artifacts/xl8/onnx/int8 >> $L 2>&1
+cp artifacts/xl8/reports/export.json $OUT/export_gpt2-xl_int8.json 2>/dev/null
 ls -la artifacts/xl/onnx/* >> $L 2>&1
-cp artifacts/xl/reports/export.json $OUT/export_gpt2-xl_$1.json 2>/dev/null
-free -g | head -2 >> $L
+cp artifacts/xl/reports/export.json $OUT/export_gpt2-xl.json 2>/dev/null
 grep -E "^==|rc [1-9]|Error|error|parity|MB|Killed|total|Mem" $L | head -40
