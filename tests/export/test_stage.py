@@ -201,6 +201,7 @@ def test_every_portable_graph_past_the_protobuf_limit_keeps_its_weights_beside_i
         folder = run.onnx(precision)
         assert sorted(p.name for p in folder.iterdir()) == ["model.onnx", "model.onnx.data"], precision
         assert (folder / "model.onnx.data").stat().st_size > (folder / "model.onnx").stat().st_size
+        assert (folder / "model.onnx.data").stat().st_mode & 0o044 == 0o044, "the weights readable as the graph is"
         assert f"onnx/{precision}/model.onnx.data" in artifacts
         tokens = Generator(open_backend(run, "ort", precision, CPU)).generate([PROMPT], Sampling(max_new_tokens=4))
         if precision in ("fp32", "fp16"):  # int8's rounding may change a near-tie of this random-weight model
