@@ -8,11 +8,12 @@ FT="--set train.steps=2 --set train.grad_accum=1 --set train.warmup_steps=0 --se
 R="--preset gpt2-xl --run xl"
 step "finetune xl" 150 $G finetune $R $FT
 step "export portable fp32" 150 $G export $R --target portable --precision fp32
-# one stage at a time writes a run folder: the int8 graph goes to a hard-linked copy (files are
-# replaced, never written in place), so the two ModelOpt conversions run side by side
-cp -al artifacts/xl artifacts/xl8
-step "export portable int8" 400 $G export --preset gpt2-xl --run xl8 --target portable --precision int8 &
-step "export portable fp16" 400 $G export $R --target portable --precision fp16
+# one stage at a time writes a run folder, so the int8 graph goes to a copy of it and the two
+# ModelOpt conversions run side by side (not a hard-linked copy: its .lock would be the same file,
+# and onnx refuses hard-linked weights)
+mkdir artifacts/xl8 && cp -r artifacts/xl/checkpoint artifacts/xl/data artifacts/xl/onnx artifacts/xl/manifest.json artifacts/xl8/
+step "export portable int8" 480 $G export --preset gpt2-xl --run xl8 --target portable --precision int8 &
+step "export portable fp16" 480 $G export $R --target portable --precision fp16
 wait
 ls -la artifacts/xl8/onnx/int8 >> $L 2>&1
 cp artifacts/xl8/reports/export.json $OUT/export_gpt2-xl_int8.json 2>/dev/null
