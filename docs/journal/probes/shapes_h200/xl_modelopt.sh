@@ -2,7 +2,8 @@
 # gpt2-xl's portable fp16 (ModelOpt AutoCast) and int8 (ModelOpt Q/DQ PTQ) exports on the H200's host
 # (#50: its 128 GB hold what the CPU machine's 24 GB cannot), ModelOpt carried as wheels: a 2-step
 # fine-tune (random init), the fp32 graph, then the fp16 and int8 graphs side by side, each with
-# export's parity check on ONNX Runtime. Output into $OUT.
+# export's parity check on ONNX Runtime. Output into $OUT. About 11 minutes, past one call's 10: the
+# sitting ran the fine-tune and fp32 graph in one call, the two conversions in the next (warm machine).
 . "$(dirname "$0")/sitting.sh"
 FT="--set train.steps=2 --set train.grad_accum=1 --set train.warmup_steps=0 --set train.eval_batches=1 --set train.compile=false"
 R="--preset gpt2-xl --run xl"
