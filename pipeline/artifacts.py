@@ -122,6 +122,11 @@ def _files_under(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
 
 
+def graph_files(graph: Path) -> tuple[Path, Path]:
+    """An ONNX graph and the file its weights go to past protobuf's 2 GB (`model.onnx.data`, which may not exist)."""
+    return graph, graph.with_name(f"{graph.name}.data")
+
+
 def export_stage(precision: str, target: str = "portable") -> str:
     """The manifest's stage name of one exported graph: export-<precision>, export-<target>-<precision>."""
     return f"export-{precision}" if target == "portable" else f"export-{target}-{precision}"
@@ -252,7 +257,7 @@ class RunDir:
         if entry.get("checkpoint") != self.artifact_hashes("finetune"):
             raise UserError(f"{path}: exported from another checkpoint than {self.checkpoint}{redo}")
         recorded = {}
-        for file in (path, path.with_name(path.name + ".data")):  # the weights of a graph over 2 GB: model.onnx.data
+        for file in graph_files(path):
             recorded[file] = manifest["artifacts"].get(file.relative_to(self.root).as_posix(), {}).get("sha256")
             if (recorded[file] or file.exists()) and recorded[file] != (sha256_file(file) if file.exists() else None):
                 raise UserError(f"{file}: not the {precision} graph export wrote (its sha256 differs from "

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import onnx
 
-from pipeline.artifacts import RunDir, atomic_dir, fingerprint
+from pipeline.artifacts import RunDir, atomic_dir, fingerprint, graph_files
 from pipeline.contract import PORTABLE, Contract, check_graph, graph_io
 from pipeline.engines.metadata import EngineMeta, plans_for
 from pipeline.errors import UserError
@@ -141,7 +141,7 @@ def write_graph_model(out: Path, name: str, run: RunDir, contract: Contract, pre
     check_graph(model, contract, str(graph))
     io = graph_io(model)
     onnx_folder = out / f"{name}-onnx-{precision}"
-    for f in (graph, graph.with_name("model.onnx.data")):  # the graph and, past 2 GB, its weights
+    for f in graph_files(graph):
         if f.exists():
             link_or_copy(f, onnx_folder / "1" / f.name)
     (onnx_folder / "config.pbtxt").write_text(

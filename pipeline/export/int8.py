@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from pipeline.artifacts import graph_files
 from pipeline.errors import UserError
 from pipeline.export.graph_passes import dedupe_initializers, quantize_weights_int8
 from pipeline.export.modelopt_support import modelopt
@@ -29,7 +30,7 @@ def convert_int8_qdq(fp32_path: Path, out_path: Path, calibration: dict[str, np.
     with tempfile.TemporaryDirectory(dir=out_path.parent) as tmp:
         source, quantized = Path(tmp) / fp32_path.name, Path(tmp) / "quantized.onnx"
         # quantize() rewrites its input in place (shape inference): it gets a copy, weights included
-        for file in (fp32_path, fp32_path.with_name(fp32_path.name + ".data")):
+        for file in graph_files(fp32_path):
             if file.exists():
                 shutil.copy(file, source.with_name(file.name))
         quantize(str(source), quantize_mode="int8", calibration_data=calibration, calibration_method="max",

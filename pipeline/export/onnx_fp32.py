@@ -14,6 +14,7 @@ import onnx
 import torch
 from transformers import DynamicCache, GPT2LMHeadModel
 
+from pipeline.artifacts import graph_files
 from pipeline.contract import BATCH, PAST, SEQ, TOTAL, Contract
 from pipeline.model import cache_keyword
 
@@ -91,10 +92,10 @@ def save_graph(model: onnx.ModelProto, path: Path) -> None:
     protobuf limit, the one place the run folder's checks look for them (RunDir.require_exported)."""
     # the weights' size tensor by tensor: the whole graph's ByteSize fails past 2 GB (gpt2-xl)
     weight_bytes = sum(tensor.ByteSize() for tensor in model.graph.initializer)
-    external = needs_external_data(weight_bytes)
-    onnx.save(model, str(path), save_as_external_data=external, location=f"{path.name}.data")
+    external, weights = needs_external_data(weight_bytes), graph_files(path)[1]
+    onnx.save(model, str(path), save_as_external_data=external, location=weights.name)
     if external:  # onnx makes the weights' file private (0600); the graph beside it is readable
-        path.with_name(f"{path.name}.data").chmod(0o644)
+        weights.chmod(0o644)
 
 
 def finish_graph(path: Path) -> onnx.ModelProto:
