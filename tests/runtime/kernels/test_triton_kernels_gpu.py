@@ -1,6 +1,7 @@
-"""The decode products over one-byte weights compiled for a GPU: int8 converted to fp16 by its bits
-(inline PTX, which the interpreter cannot run; tests/runtime/static/test_triton_backend.py checks the
-same kernels interpreted, converting plainly) and fp8, against dequantise-then-matmul."""
+"""The decode kernels compiled for a GPU: the products over one-byte weights, int8 converted to fp16
+by its bits (inline PTX, which the interpreter cannot run; tests/runtime/static/test_triton_backend.py
+checks the same kernels interpreted, converting plainly) and fp8, against dequantise-then-matmul;
+attention's walks at the shapes that take them, against PyTorch's attention."""
 
 import pytest
 import torch
@@ -8,7 +9,15 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU: on a CPU tests/runtime/static/test_triton_backend.py runs these kernels interpreted",
                 allow_module_level=True)
-from pipeline.runtime.kernels.triton_kernels import LinearConfig, fused_linear, quantize_rows  # noqa: E402
+from pipeline.runtime.kernels.triton_kernels import (  # noqa: E402
+    AttentionConfig,
+    LinearConfig,
+    attention_config,
+    attention_partials,
+    decode_attention,
+    fused_linear,
+    quantize_rows,
+)
 
 DEVICE = torch.device("cuda")
 
@@ -37,3 +46,27 @@ def test_one_byte_weights_equal_dequantise_then_matmul(dtype, rows, width, resid
                  scale=None if dtype == torch.float16 else scale, config=config)
     expected = x.float() @ (q.float() * scale[:, None]).t()
     torch.testing.assert_close(out.float(), expected, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("rows, heads", [(64, 12), (64, 16), (64, 25), (8, 25), (1, 25)])
+@pytest.mark.parametrize("walk", ["tuned", "fetched by hand"])
+def test_attention_at_the_tuned_shares_matches_pytorch(rows, heads, walk):
+    """Each batch's tuned shares (at 64 rows of 16 heads or more the compiler-pipelined walk) and the
+    walk fetched by hand, over a 256-slot fp16 cache at slot 191 with left-padded rows."""
+    torch.manual_seed(0)
+    length, d, slot = 256, 64, 191
+    q = torch.randn(rows, heads * d, device=DEVICE).half()
+    k, v = (torch.randn(rows, heads, length, d, device=DEVICE).half() for _ in "kv")
+    mask = torch.ones(rows, length, dtype=torch.bool, device=DEVICE)
+    mask[::3, :40] = False
+    config = attention_config(rows, heads=heads)
+    if walk != "tuned":
+        config = AttentionConfig(config.splits, config.warps, config.block_t, config.registers)
+    out, arrivals = torch.empty_like(q), torch.zeros(rows, heads, dtype=torch.int32, device=DEVICE)
+    partial = torch.empty(attention_partials(rows, heads, d, config), device=DEVICE)
+    decode_attention(q, k, v, mask, torch.tensor(slot, device=DEVICE), out, partial, arrivals, config=config)
+    live = (mask & (torch.arange(length, device=DEVICE) <= slot))[:, None, None, :]
+    expected = torch.nn.functional.scaled_dot_product_attention(q.float().view(rows, heads, 1, d), k.float(), v.float(),
+                                                                 attn_mask=live)
+    torch.testing.assert_close(out.float(), expected.reshape(rows, heads * d), rtol=2e-3, atol=2e-3)
+    assert not arrivals.any()

@@ -8,10 +8,13 @@ us a step per kind, their sum, and the step's wall time with programmatic depend
 Part 2, attention alone: decode_attention at slot 191 of 256 under a grid of AttentionConfig,
 cycling through enough caches (>= 200 MB) that none is still in L2, in a CUDA graph of 20 launches
 -> the shipped config's us, the best three.
+Part 1 runs each precision of $PRECISIONS (default fp16; e.g. PRECISIONS=fp16,int8-wo), part 2 only
+where $SWEEP is not 0.
 python3 docs/journal/probes/shapes_h200/step_breakdown.py [preset ...]"""
 
 import collections
 import itertools
+import os
 import sys
 import time
 
@@ -20,10 +23,11 @@ from graph_timing import graph_us, sweep_times
 PRESETS = sys.argv[1:] or ["gpt2-medium", "gpt2-large", "gpt2-xl"]
 HEADS = {"gpt2": 12, "gpt2-medium": 16, "gpt2-large": 20, "gpt2-xl": 25}
 BATCHES = (1, 8, 64)
+PRECISIONS = os.environ.get("PRECISIONS", "fp16").split(",")
 KINDS = ("qkv", "attention", "proj", "fc", "fc2", "head_ln", "head", "advance")
 
 
-def breakdown(preset: str) -> None:
+def breakdown(preset: str, precision: str) -> None:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -37,7 +41,7 @@ def breakdown(preset: str) -> None:
         model = GPT2LMHeadModel(GPT2Config(**SHAPES[preset].get("model", {}))).half().eval()
     model = model.cpu()
     for pdl in (False, True):
-        backend = TritonBackend(model, "fp16", "cuda")
+        backend = TritonBackend(model, precision, "cuda")
         backend.pdl_capable = pdl
         for batch in BATCHES:
             prompts = torch.randint(0, 50000, (batch, 128)).numpy()
@@ -54,7 +58,7 @@ def breakdown(preset: str) -> None:
             generator.generate(prompts, one)
             torch.cuda.synchronize()
             step_us = (wall - (time.perf_counter() - start)) / 63 * 1e6
-            line = f"{preset} b{batch} pdl {int(pdl)}: step {step_us:.1f} us"
+            line = f"{preset} {precision} b{batch} pdl {int(pdl)}: step {step_us:.1f} us"
             if not pdl:
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                     generator.generate(prompts, steps)
@@ -150,6 +154,7 @@ def sweep() -> None:
 
 
 if __name__ == "__main__":
-    for preset in PRESETS:
-        breakdown(preset)
-    sweep()
+    for preset, precision in itertools.product(PRESETS, PRECISIONS):
+        breakdown(preset, precision)
+    if os.environ.get("SWEEP") != "0":
+        sweep()
