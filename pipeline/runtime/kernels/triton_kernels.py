@@ -642,7 +642,7 @@ class AttentionConfig:
     stages: int = 0  # 0: each next block fetched by hand, the first before the PDL wait; n: compiler-pipelined, n deep
 
 
-def attention_config(batch: int, filled: bool = False, heads: int = 12) -> AttentionConfig:
+def attention_config(batch: int, heads: int, filled: bool = False) -> AttentionConfig:
     """Chosen by timing the whole decode step at batch 1, 8 and 64 on an H200 (docs/journal/decode_notes_h200.md),
     at 124M's 12 heads first, then at every shape (docs/journal/performance.md, "the layer norms apart"):
     a few rows leave most multiprocessors idle unless each head's cache walk is split, into one-warp

@@ -40,7 +40,7 @@ def main():
         slot, first = torch.tensor(SLOT, device=dev), torch.zeros(rows, dtype=torch.long, device=dev)
         arrivals = torch.zeros(rows, H, dtype=torch.int32, device=dev)
         ref = None
-        shipped = attention_config(rows)
+        shipped = attention_config(rows, heads=H)
         for cfg in [shipped] + [c for c in configs if c != shipped]:
             out = torch.empty_like(q)
             partial = torch.zeros(rows, H, cfg.splits, D + 2, device=dev)

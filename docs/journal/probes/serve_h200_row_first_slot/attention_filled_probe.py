@@ -41,7 +41,7 @@ def main():
         partial = torch.zeros(attention_partials(rows, H, D), device=dev)
         arrivals = torch.zeros(rows, H, dtype=torch.int32, device=dev)
         slot = torch.tensor(SLOT, device=dev)
-        cfg = attention_config(rows)
+        cfg = attention_config(rows, heads=H)
         line = [f"rows {rows:2d} (splits {cfg.splits}, block {cfg.block_t}):"]
         for length, first_at in ((256, None), (256, 0), (2048, 0), (2048, 56), (2048, 128)):
             k, v = (torch.randn(rows, H, length, D, device=dev, dtype=torch.float16) for _ in range(2))

@@ -57,7 +57,7 @@ def launch(kernel, q, k, v, mask, slot, first, out, partial, arrivals, cfg, fill
 def main():
     mod = patched_kernels()
     for rows in (64, 8):
-        cfg = tk.attention_config(rows)
+        cfg = tk.attention_config(rows, heads=H)
         q = torch.randn(rows, H * D, device=dev, dtype=torch.float16)
         partial = torch.zeros(tk.attention_partials(rows, H, D), device=dev)
         arrivals = torch.zeros(rows, H, dtype=torch.int32, device=dev)

@@ -48,9 +48,9 @@ def main() -> None:
     tiles = triton_kernels.linear_config
     shares = triton_kernels.attention_config
     if mode == "--attention":
-        def by_hand(batch, filled=False, heads=12):
+        def by_hand(batch, heads, filled=False):
             if filled or batch <= 16:
-                return shares(batch, filled, heads)
+                return shares(batch, heads, filled)
             return triton_kernels.AttentionConfig(4 if batch * heads <= 1024 else 2, 1, 16, 80)
         variants = {"by hand": ("fp16", tiles, by_hand), "pipelined": ("fp16", tiles, shares)}
     elif mode == "--int8":
