@@ -11,9 +11,9 @@ from pathlib import Path
 
 import onnx
 
+from pipeline.export.graph_file import save_graph
 from pipeline.export.graph_passes import dedupe_initializers
 from pipeline.export.modelopt_support import modelopt
-from pipeline.export.onnx_fp32 import save_graph
 
 
 def convert_fp16(fp32_path: Path, out_path: Path, calibration_npz: Path) -> None:

@@ -18,9 +18,9 @@ import onnx
 
 from pipeline.artifacts import graph_files
 from pipeline.errors import UserError
+from pipeline.export.graph_file import save_graph
 from pipeline.export.graph_passes import dedupe_initializers, quantize_weights_int8
 from pipeline.export.modelopt_support import modelopt
-from pipeline.export.onnx_fp32 import save_graph
 
 QUANTIZED_OPS = ["Gemm"]
 

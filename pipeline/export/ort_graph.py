@@ -26,7 +26,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.contract import LOGITS, LOGITS_TO_KEEP, ORT, Contract
-from pipeline.export.onnx_fp32 import save_graph
+from pipeline.export.graph_file import save_graph
 
 MS = "com.microsoft"
 IR_VERSION = 10  # ONNX Runtime 1.31 refused the graph at the onnx package's default (newest) IR version

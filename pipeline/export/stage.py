@@ -32,8 +32,9 @@ from pipeline.errors import UserError
 from pipeline.export.calibration import calibration_feeds
 from pipeline.export.fp16 import convert_fp16
 from pipeline.export.genai_config import write_genai_folder
+from pipeline.export.graph_file import finish_graph
 from pipeline.export.int8 import convert_int8_qdq, convert_int8_weight_only
-from pipeline.export.onnx_fp32 import export_fp32, finish_graph
+from pipeline.export.onnx_fp32 import export_fp32
 from pipeline.export.ort_graph import GRAPH_VERSION, ORT_GRAPHS, export_ort_graph
 from pipeline.machine import gpt2_parameters
 from pipeline.model import load_checkpoint

@@ -90,7 +90,7 @@ def test_a_graph_past_the_protobuf_limit_keeps_its_weights_beside_it_checked_and
     hashed (the .data file too), loaded, and a changed .data file refused."""
     cfg, run, _ = exported_run
     run = copy_run(run, tmp_path / "run")
-    monkeypatch.setattr("pipeline.export.onnx_fp32.ONNX_PROTOBUF_LIMIT", 1024)
+    monkeypatch.setattr("pipeline.export.graph_file.ONNX_PROTOBUF_LIMIT", 1024)
     cfg = copy.deepcopy(cfg)
     cfg.export.targets = [ORT]
     export(cfg, run, ["fp16"], force=True)

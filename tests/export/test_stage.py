@@ -190,7 +190,7 @@ def test_every_portable_graph_past_the_protobuf_limit_keeps_its_weights_beside_i
     its weights in model.onnx.data, checked for parity, hashed, and run by ONNX Runtime."""
     cfg, run, _ = exported
     run = copy_run(run, tmp_path / "run")
-    monkeypatch.setattr("pipeline.export.onnx_fp32.ONNX_PROTOBUF_LIMIT", 1024)
+    monkeypatch.setattr("pipeline.export.graph_file.ONNX_PROTOBUF_LIMIT", 1024)
     cfg = copy.deepcopy(cfg)
     cfg.export.targets = [PORTABLE]
     precisions = ["fp32", "fp16", "int8", "int8-wo"]
