@@ -1,8 +1,11 @@
 """_fused_linear_kernel compiled for sm90 without a GPU (Triton's own compiler and ptxas), the weights
-on either side of the product: what the tensor-core product became (wgmma or mma.sync) and how many
-shared-memory stores, loads and async copies the PTX holds. Pointers are marked 16-byte aligned, as a
+on either side of the product: what the tensor-core product became (wgmma or mma.sync), how many
+shared-memory stores, loads and async copies the PTX holds, and the depths its wgmma waits allow (0:
+each product waits for the one before; 1: one stays in flight while the next tile is made ready). Pointers are marked 16-byte aligned, as a
 launch marks them; without that no load is vectorised or pipelined.
 python docs/journal/probes/int8_h200/operand_ptx.py   (with triton 3.6, the H200 sittings' version)"""
+
+import re
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -33,7 +36,8 @@ def compiled(weights: str, tile: tuple[int, int, int, int], left: bool, ln: bool
     ptx = kernel.asm["ptx"]
     return dict(wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
                 cp_async=ptx.count("cp.async.cg") + ptx.count("cp.async.ca"), st_shared=ptx.count("st.shared"),
-                ld_shared=ptx.count("ld.shared"), shared_bytes=kernel.metadata.shared)
+                ld_shared=ptx.count("ld.shared"), shared_bytes=kernel.metadata.shared,
+                waits=sorted(set(re.findall(r"wgmma.wait_group.sync.aligned\s+(\d+)", ptx))))
 
 
 if __name__ == "__main__":
@@ -45,3 +49,8 @@ if __name__ == "__main__":
         side = "left" if left else "right"
         print(weights, tile, side, "ln" if ln else "", "residual" if residual else "",
               compiled(weights, tile, left, ln, residual), flush=True)
+    # gpt2-xl's QKV at 64 rows (x normalised apart): the shipped int8 and fp16 tiles, and int8 in fp16's
+    for weights, tile, left in [("int8", (64, 32, 64, 4), False), ("fp16", (64, 64, 128, 6), True),
+                                ("int8", (64, 64, 128, 6), True)]:
+        print("gpt2-xl QKV", weights, tile, "left" if left else "right",
+              compiled(weights, tile, left, False, False, k=1600, n=4800), flush=True)
