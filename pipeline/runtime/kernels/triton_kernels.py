@@ -295,16 +295,16 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
                              partial_ptr, arrivals_ptr, cache_row_stride, cache_head_stride, scale,
                              T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
                              SHARE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, FILLED: tl.constexpr,
-                             STAGES: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+                             FETCH_AHEAD: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     """out[row, head] = softmax(q . k[t] * scale over live slots t) . v, for t <= slot whose
     slot_mask is set (the query's own slot always counts): only the filled part of the cache is read.
 
     The slots before the step's were written by earlier steps, so a program requests its first
     block of them before it waits for the launch before (which writes q and the step's own slot),
     and each block's successor while it computes on the block: the cache streams in rather than
-    arriving one dependent block at a time. The own slot starts the online softmax. STAGES > 0: the
-    walk is instead a loop the compiler pipelines STAGES blocks deep, after the wait, which at many
-    rows keeps more of the cache in flight than one block fetched ahead (attention_config).
+    arriving one dependent block at a time (FETCH_AHEAD). The own slot starts the online softmax.
+    Without FETCH_AHEAD each block is loaded where it is used, all after the wait: fewer registers
+    a program, and at 64 rows of 16 heads or more the faster walk (attention_config).
 
     SPLITS > 1 (flash-decoding): program_id(2) takes the slots [share * i, share * (i + 1)) and
     leaves its running max, sum and weighted values in partial [B, H, SPLITS, D + 2]; the last of a
@@ -331,9 +331,10 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
         share = SHARE
         lo = tl.program_id(2) * SHARE
     cache = row * cache_row_stride + head * cache_head_stride
-    if not STAGES:
+    end = tl.minimum(lo + share, slot)  # this share's slots before the step's own
+    if FETCH_AHEAD:
         t = lo + tl.arange(0, BLOCK_T)
-        earlier = (t < slot) & (t < lo + share)
+        earlier = t < end
         k_next, v_next, real_next = _cache_block(k_cache_ptr, v_cache_ptr, slot_mask_ptr, cache, row, t, earlier, T, D)
     if PDL:
         gdc_wait()
@@ -348,20 +349,19 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
     # exp(-inf) = 0, never inf - inf
     m_i = tl.where(has_own, tl.sum(k_own * q, 0), -1e30) + tl.zeros((1,), tl.float32)
     l_i = tl.where(has_own, 1.0, 0.0) + tl.zeros((1,), tl.float32)
-    if STAGES:
-        end = tl.minimum(lo + share, slot)
-        for start in tl.range(lo, end, BLOCK_T, num_stages=STAGES):
-            t = start + tl.arange(0, BLOCK_T)
-            keys, values, real = _cache_block(k_cache_ptr, v_cache_ptr, slot_mask_ptr, cache, row, t, t < end, T, D)
-            m_i, l_i, acc = _online_softmax(keys, values, (t < end) & (real != 0), q, m_i, l_i, acc)
-    else:
+    if FETCH_AHEAD:
         for _ in range(tl.cdiv(share, BLOCK_T)):
             keys, values, live = k_next, v_next, earlier & (real_next != 0)
             t += BLOCK_T
-            earlier = (t < slot) & (t < lo + share)
+            earlier = t < end
             k_next, v_next, real_next = _cache_block(k_cache_ptr, v_cache_ptr, slot_mask_ptr, cache, row, t, earlier,
                                                      T, D)
             m_i, l_i, acc = _online_softmax(keys, values, live, q, m_i, l_i, acc)
+    else:
+        for start in range(lo, end, BLOCK_T):
+            t = start + tl.arange(0, BLOCK_T)
+            keys, values, real = _cache_block(k_cache_ptr, v_cache_ptr, slot_mask_ptr, cache, row, t, t < end, T, D)
+            m_i, l_i, acc = _online_softmax(keys, values, (t < end) & (real != 0), q, m_i, l_i, acc)
     if PDL and not EARLY:
         gdc_launch_dependents()
     _finish_attention(acc, m_i, l_i, out_ptr, partial_ptr, arrivals_ptr, row, head, d, H, D, SPLITS, BLOCK_S)
@@ -639,7 +639,7 @@ class AttentionConfig:
     warps: int
     block_t: int = 256  # slots per step of a program's walk over its share (at most)
     registers: int | None = None  # a cap per thread, where more programs per multiprocessor pay (ptxas' maxnreg)
-    stages: int = 0  # 0: each next block fetched by hand, the first before the PDL wait; n: compiler-pipelined, n deep
+    fetch_ahead: bool = True  # each next block requested while one is computed on, the first before the PDL wait
 
 
 def attention_config(batch: int, heads: int, filled: bool = False) -> AttentionConfig:
@@ -651,10 +651,10 @@ def attention_config(batch: int, heads: int, filled: bool = False) -> AttentionC
     (25 a multiprocessor; uncapped the kernel takes 96, and a second wave costs 15 us a step); with
     20 and 25 heads (gpt2-large, gpt2-xl) 4 splits make 1.5-2 waves, and 2 splits were 2-4% faster
     a step (with 16, gpt2-medium's, 4-6% slower: 4 splits are 1.24 waves there). From 16 heads at 64
-    rows, one program a (row, head) whose walk the compiler pipelines two 32-slot blocks deep took
-    6-9% off the step against those (gpt2-medium, large, xl; at 12 heads it was no faster alone); at
-    25 heads it reads the cache at 86% of a kernel that only reads those bytes (performance.md, "the
-    attention walk pipelined by the compiler").
+    rows, one program a (row, head) walking 32-slot blocks, each loaded where it is used (no block
+    fetched ahead), took 6-9% off the step against those (gpt2-medium, large, xl; at 12 heads it was
+    no faster alone); at 25 heads it reads the cache at 86% of a kernel that only reads those bytes
+    (performance.md, "attention at 64 rows without its block fetched ahead").
     `filled` (the FILLED shares, the serving scheduler's): one-warp programs over 16-slot blocks, more
     of them the fewer the rows, and no cap: its walk needs 74-76 registers, and under a cap ptxas
     spills it (docs/journal/performance.md, "the FILLED attention without its register cap")."""
@@ -666,7 +666,7 @@ def attention_config(batch: int, heads: int, filled: bool = False) -> AttentionC
         return AttentionConfig(splits=1, warps=8)
     if batch * heads <= 768:
         return AttentionConfig(splits=4, warps=1, block_t=16, registers=80)
-    return AttentionConfig(splits=1, warps=1, block_t=32, stages=2)
+    return AttentionConfig(splits=1, warps=1, block_t=32, fetch_ahead=False)
 
 
 def attention_partials(batch: int, heads: int, head_dim: int, config: AttentionConfig | None = None) -> torch.Size:
@@ -694,7 +694,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_cache.stride(0), k_cache.stride(1),
         head_dim ** -0.5, T=length, H=heads, D=head_dim,
         BLOCK_T=min(cfg.block_t, triton.next_power_of_2(share)), SHARE=share, SPLITS=cfg.splits,
-        BLOCK_S=triton.next_power_of_2(cfg.splits), FILLED=first is not None, STAGES=cfg.stages, PDL=pdl, EARLY=early,
+        BLOCK_S=triton.next_power_of_2(cfg.splits), FILLED=first is not None, FETCH_AHEAD=cfg.fetch_ahead, PDL=pdl, EARLY=early,
         launch_pdl=pdl, num_warps=cfg.warps,
         **({"maxnreg": cfg.registers} if cfg.registers else {}))
 

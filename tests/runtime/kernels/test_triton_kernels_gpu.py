@@ -49,10 +49,11 @@ def test_one_byte_weights_equal_dequantise_then_matmul(dtype, rows, width, resid
 
 
 @pytest.mark.parametrize("rows, heads", [(64, 12), (64, 16), (64, 25), (8, 25), (1, 25)])
-@pytest.mark.parametrize("walk", ["tuned", "fetched by hand"])
+@pytest.mark.parametrize("walk", ["tuned", "fetched ahead"])
 def test_attention_at_the_tuned_shares_matches_pytorch(rows, heads, walk):
-    """Each batch's tuned shares (at 64 rows of 16 heads or more the compiler-pipelined walk) and the
-    walk fetched by hand, over a 256-slot fp16 cache at slot 191 with left-padded rows."""
+    """Each batch's tuned shares (at 64 rows of 16 heads or more each block loaded where it is used)
+    and the same shares with each next block fetched ahead, over a 256-slot fp16 cache at slot 191
+    with left-padded rows."""
     torch.manual_seed(0)
     length, d, slot = 256, 64, 191
     q = torch.randn(rows, heads * d, device=DEVICE).half()

@@ -210,14 +210,14 @@ def test_split_k_needs_a_residual_fp32_output():
         fused_linear(torch.randn(1, 64), torch.randn(16, 64), torch.empty(1, 16), config=LinearConfig(16, 16, 32, 2))
 
 
-@pytest.mark.parametrize("stages", [0, 2], ids=["fetched-by-hand", "pipelined"])
+@pytest.mark.parametrize("fetch_ahead", [True, False], ids=["fetched-ahead", "loaded-where-used"])
 @pytest.mark.parametrize("filled", [False, True], ids=["cache-shares", "filled-shares"])
 @pytest.mark.parametrize("splits", [1, 2, 3, 4])
 @pytest.mark.parametrize("block_t", [8, 64])
 @pytest.mark.parametrize("slot", [0, 40, 63])
-def test_attention_over_several_blocks_and_splits(block_t, splits, slot, filled, stages):
+def test_attention_over_several_blocks_and_splits(block_t, splits, slot, filled, fetch_ahead):
     """The online softmax across blocks (BLOCK_T smaller than a program's share), walked either way
-    (each next block fetched by hand, or a loop the compiler pipelines), and the merge of
+    (each next block fetched ahead, or each loaded where it is used), and the merge of
     the split programs' partials equal one softmax over the live slots; padding slots and slots past
     the step's are left out, the step's own slot counts wherever it falls (first slot, inside a
     share, last slot), whether the shares split the cache or each row's filled slots (read from the
@@ -234,7 +234,7 @@ def test_attention_over_several_blocks_and_splits(block_t, splits, slot, filled,
     mask = torch.ones(b, t, dtype=torch.bool)
     mask[1, :25] = False  # row 1 is left-padded
     out, arrivals = torch.empty(b, h * d), torch.zeros(b, h, dtype=torch.int32)
-    config = AttentionConfig(splits, warps=4, block_t=block_t, stages=stages)
+    config = AttentionConfig(splits, warps=4, block_t=block_t, fetch_ahead=fetch_ahead)
     partial = torch.empty(attention_partials(b, h, d, config))
     first = torch.tensor([min(20, slot), min(25, slot)])  # row 0's slots before its first are marked live
     decode_attention(q, k, v, mask, torch.tensor(slot), out, partial, arrivals, config=config,

@@ -15,7 +15,9 @@ own slot apart as the shipped kernel takes it):
   each byte made fp16 by its bits (_int8_as_fp16), the scales on the scores and the probabilities;
   its error against the shipped kernel's is the rounding's and the walk's together.
 - pipelined: the shipped CUDA-core arithmetic, its walk a tl.range of `stages` instead of one block
-  fetched ahead by hand.
+  fetched ahead by hand. (Its `stages` changed nothing: triton 3.6 compiles the same code for 1, 2
+  and 3 stages of a loop whose loads feed no tensor-core product, checked for sm90 on the CPU; so it
+  is a walk that loads each block where it is used, and its 2- against 3-stage times are noise.)
 Each under a grid of (splits, warps, block_t, stages), alone, in a CUDA graph of 20 launches over
 enough caches (>= 200 MB) that none is still in L2 -> us a launch, the shipped config's, the best
 three of each walk, and the best's output against the shipped kernel's (relative error).

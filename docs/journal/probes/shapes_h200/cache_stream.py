@@ -1,5 +1,5 @@
 """How fast can anything read decode attention's bytes at 64 rows (#50)? attention_mma.py found
-neither tensor cores nor a pipelined walk much faster than the shipped attention (1.7-1.9 TB/s at
+neither tensor cores nor a walk without its block fetched ahead much faster than the shipped attention (1.7-1.9 TB/s at
 64 rows), and kv8_attention.py one-byte caches no faster: so is it the reading itself?
 
 A kernel that only reads what attention reads, slots 0..190 of every (row, head) of 256-slot fp16

@@ -1,14 +1,15 @@
 """Would the serving scheduler's attention (FILLED shares: each row's filled slots from its first, in a
-cache wider than the context) gain from the compiler-pipelined walk as the offline shares did at 64
-rows (#50)? Not measured yet: the offline step took 6-9% off at gpt2-medium / large / xl with it.
+cache wider than the context) gain from the walk that loads each block where it is used, as the
+offline shares did at 64 rows (#50)? Not measured yet: the offline step took 6-9% off at gpt2-medium
+/ large / xl with it.
 
 decode_attention alone with `first` given, at 64 rows of 12 / 16 / 20 / 25 heads, a 2,048-slot cache
 (the scheduler's width), the step at column 1,100 and each row's first slot 129-256 slots before it
 (rows that joined at different times: a prompt of 128 and up to 128 tokens), every slot from there
-live: the shipped FILLED config against the same shares walked by the compiler-pipelined loop
-(AttentionConfig.stages) at 1, 2 and 4 splits, 16- and 32-slot blocks. Each in a CUDA graph of 20
-launches over caches cycled past L2 (enough copies that their live slots pass 200 MB: 6-7 GB of
-caches) -> us a launch and the output's largest difference from the shipped config's.
+live: the shipped FILLED config against the same shares walked with no block fetched ahead
+(AttentionConfig.fetch_ahead False) at 1, 2 and 4 splits, 16- and 32-slot blocks. Each in a CUDA
+graph of 20 launches over caches cycled past L2 (enough copies that their live slots pass 200 MB:
+6-7 GB of caches) -> us a launch and the output's largest difference from the shipped config's.
 python3 docs/journal/probes/shapes_h200/filled_walk.py"""
 
 import itertools
@@ -47,7 +48,7 @@ def main() -> None:
         base_us, base = timed(heads, shipped, caches, q, mask, slot, first)
         line = f"{heads} heads: shipped {base_us:.2f} us"
         for splits, block_t in itertools.product((1, 2, 4), (16, 32)):
-            us, out = timed(heads, AttentionConfig(splits, 1, block_t, stages=2), caches, q, mask, slot, first)
+            us, out = timed(heads, AttentionConfig(splits, 1, block_t, fetch_ahead=False), caches, q, mask, slot, first)
             line += f" | {splits}/{block_t} {us:.2f} ({(out - base).abs().max().item():.0e})"
         print(line, flush=True)
         del caches

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The compiler-pipelined attention walk at 64 rows (#50): its GPU tests, the decode step under the
+# Attention at 64 rows with no block fetched ahead (#50): its GPU tests, the decode step under the
 # shares before it and under attention_config (step_ab.py --attention, random weights, two rounds),
 # then, with `cli`, gpt2-medium through the CLI at batch 1 / 8 / 64 and its validate (2-step fine-tune).
 # bash docs/journal/probes/shapes_h200/pipelined_sitting.sh [cli]; output into $OUT.

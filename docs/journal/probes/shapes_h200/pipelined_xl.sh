@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# After the compiler-pipelined attention walk (#50): the GPU kernel tests (attention at the tuned
+# After attention at 64 rows lost its block fetched ahead (#50): the GPU kernel tests (attention at the tuned
 # shares), then gpt2-xl fp16 through the CLI at batch 1 / 8 / 64 (2-step fine-tune). Output into $OUT.
 . "$(dirname "$0")/sitting.sh"
 step "gpu tests" 120 python3 -m pytest -q -x -p no:cacheprovider tests/runtime/kernels/test_triton_kernels_gpu.py

@@ -6,8 +6,8 @@ python3 docs/journal/probes/shapes_h200/step_ab.py [preset ...]
 With --int8 first: the int8-wo step instead, under fp16's tiles and under the one-byte weights' own
 (linear_config's narrow); with --int8-vs-fp16, the fp16 step against the int8-wo one under this
 tree's tiles (neither needs an old tree); with --attention, fp16 under the attention shares before
-the compiler-pipelined walk (batch x heads > 768 at 64 rows: 4 splits up to 1,024, else 2, each
-fetching one 16-slot block ahead by hand) and under attention_config as it is."""
+the walk that loads each block where it is used (batch x heads > 768 at 64 rows: 4 splits up to
+1,024, else 2, each fetching one 16-slot block ahead) and under attention_config as it is."""
 
 import importlib.util
 import sys
@@ -52,7 +52,7 @@ def main() -> None:
             if filled or batch <= 16:
                 return shares(batch, heads, filled)
             return triton_kernels.AttentionConfig(4 if batch * heads <= 1024 else 2, 1, 16, 80)
-        variants = {"by hand": ("fp16", tiles, by_hand), "pipelined": ("fp16", tiles, shares)}
+        variants = {"by hand": ("fp16", tiles, by_hand), "loaded where used": ("fp16", tiles, shares)}
     elif mode == "--int8":
         variants = {"fp16 tiles": ("int8-wo", lambda m, n, k, residual, narrow=False, fp32=False:
                                    tiles(m, n, k, residual, fp32=fp32), shares),
