@@ -3,6 +3,8 @@ by its bits (inline PTX, which the interpreter cannot run; tests/runtime/static/
 checks the same kernels interpreted, converting plainly) and fp8, against dequantise-then-matmul;
 attention's walks at the shapes that take them, against PyTorch's attention."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -10,7 +12,6 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU: on a CPU tests/runtime/static/test_triton_backend.py runs these kernels interpreted",
                 allow_module_level=True)
 from pipeline.runtime.kernels.triton_kernels import (  # noqa: E402
-    AttentionConfig,
     LinearConfig,
     attention_config,
     attention_partials,
@@ -49,23 +50,30 @@ def test_one_byte_weights_equal_dequantise_then_matmul(dtype, rows, width, resid
 
 
 @pytest.mark.parametrize("rows, heads", [(64, 12), (64, 16), (64, 25), (8, 25), (1, 25)])
-@pytest.mark.parametrize("walk", ["tuned", "fetched ahead"])
-def test_attention_at_the_tuned_shares_matches_pytorch(rows, heads, walk):
-    """Each batch's tuned shares (at 64 rows of 16 heads or more each block loaded where it is used)
-    and the same shares with each next block fetched ahead, over a 256-slot fp16 cache at slot 191
-    with left-padded rows."""
+@pytest.mark.parametrize("walk", ["tuned", "other walk"])
+@pytest.mark.parametrize("filled", [False, True], ids=["offline", "filled"])
+def test_attention_at_the_tuned_shares_matches_pytorch(rows, heads, walk, filled):
+    """Each batch's tuned shares, offline and the serving scheduler's FILLED ones, as tuned and with
+    the other walk (each next block fetched ahead, or each loaded where it is used), over a 256-slot
+    fp16 cache at slot 191 with left-padded rows; FILLED with each row read from its own first slot,
+    0-127 slots in."""
     torch.manual_seed(0)
     length, d, slot = 256, 64, 191
     q = torch.randn(rows, heads * d, device=DEVICE).half()
     k, v = (torch.randn(rows, heads, length, d, device=DEVICE).half() for _ in "kv")
+    first = torch.randint(0, 128, (rows,), device=DEVICE) if filled else None
     mask = torch.ones(rows, length, dtype=torch.bool, device=DEVICE)
-    mask[::3, :40] = False
-    config = attention_config(rows, heads=heads)
+    if filled:
+        mask &= torch.arange(length, device=DEVICE)[None, :] >= first[:, None]
+    else:
+        mask[::3, :40] = False
+    config = attention_config(rows, heads=heads, filled=filled)
     if walk != "tuned":
-        config = AttentionConfig(config.splits, config.warps, config.block_t, config.registers)
+        config = dataclasses.replace(config, fetch_ahead=not config.fetch_ahead)
     out, arrivals = torch.empty_like(q), torch.zeros(rows, heads, dtype=torch.int32, device=DEVICE)
     partial = torch.empty(attention_partials(rows, heads, d, config), device=DEVICE)
-    decode_attention(q, k, v, mask, torch.tensor(slot, device=DEVICE), out, partial, arrivals, config=config)
+    decode_attention(q, k, v, mask, torch.tensor(slot, device=DEVICE), out, partial, arrivals, config=config,
+                     first=first)
     live = (mask & (torch.arange(length, device=DEVICE) <= slot))[:, None, None, :]
     expected = torch.nn.functional.scaled_dot_product_attention(q.float().view(rows, heads, 1, d), k.float(), v.float(),
                                                                  attn_mask=live)

@@ -1,7 +1,9 @@
 """Would the serving scheduler's attention (FILLED shares: each row's filled slots from its first, in a
 cache wider than the context) gain from the walk that loads each block where it is used, as the
-offline shares did at 64 rows (#50)? Not measured yet: the offline step took 6-9% off at gpt2-medium
-/ large / xl with it.
+offline shares did at 64 rows (#50)? Alone, yes: 4 splits of 16-slot blocks walked that way were 4-13%
+faster than the shipped FILLED config at 12 / 16 / 20 / 25 heads, with the same output; served at
+124M (filled_sitting.sh) it was not, so it was not shipped (performance.md, "the serving
+scheduler's attention without its block fetched ahead").
 
 decode_attention alone with `first` given, at 64 rows of 12 / 16 / 20 / 25 heads, a 2,048-slot cache
 (the scheduler's width), the step at column 1,100 and each row's first slot 129-256 slots before it
