@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.version_converter
 
 from pipeline.artifacts import graph_files
 from pipeline.errors import UserError
@@ -23,19 +24,30 @@ from pipeline.export.graph_passes import dedupe_initializers, quantize_weights_i
 from pipeline.export.modelopt_support import modelopt
 
 QUANTIZED_OPS = ["Gemm"]
+QDQ_OPSET = 19  # ModelOpt's least opset for int8 Q/DQ
 
 
 def convert_int8_qdq(fp32_path: Path, out_path: Path, calibration: dict[str, np.ndarray]) -> None:
     quantize = modelopt("modelopt.onnx.quantization", "int8 export").quantize
     with tempfile.TemporaryDirectory(dir=out_path.parent) as tmp:
         source, quantized = Path(tmp) / fp32_path.name, Path(tmp) / "quantized.onnx"
-        # quantize() rewrites its input in place (shape inference): it gets a copy, weights included
-        for file in graph_files(fp32_path):
-            if file.exists():
-                shutil.copy(file, source.with_name(file.name))
+        # quantize() rewrites its input in place (shape inference): it gets a copy, weights included.
+        # The copy is made at ModelOpt's opset here, on the graph without its weights: ModelOpt's own
+        # conversion serialises the whole graph, which fails past 2 GB, and then writes it once more
+        # (docs/journal/performance.md, "ModelOpt's passes over a large graph")
+        graph = onnx.load(str(fp32_path), load_external_data=False)
+        if next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")) < QDQ_OPSET:
+            graph = onnx.version_converter.convert_version(graph, QDQ_OPSET)
+        onnx.save(graph, str(source))
+        weights = graph_files(fp32_path)[1]
+        if weights.exists():
+            shutil.copy(weights, source.with_name(weights.name))
+        # shared constants stay shared: no quantised weight is shared, and ModelOpt's copies of the
+        # others (the tied LM head's among them) only cost a write of the graph and memory
         quantize(str(source), quantize_mode="int8", calibration_data=calibration, calibration_method="max",
                  calibration_eps=["cpu"], op_types_to_quantize=QUANTIZED_OPS, high_precision_dtype="fp32",
-                 dq_only=True, output_path=str(quantized), log_level="WARNING")
+                 dq_only=True, output_path=str(quantized), log_level="WARNING",
+                 enable_shared_constants_duplication=False)
         # rewritten by our writer: past 2 GB ModelOpt names the weights' file its own way
         model = onnx.load(str(quantized))
     dedupe_initializers(model)
