@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The serving scheduler's attention (FILLED shares) with no block fetched ahead above 32 rows (#50):
 # filled_walk.py found it 4-13% faster alone at 64 rows; served at 124M it was 2-4% slower for greedy
-# clients and even for sampled ones, so it was not shipped. Its GPU test, then what 64 streaming clients
+# clients and even for sampled ones, so it was not shipped (to rerun it, put `fetch_ahead=batch <= 32`
+# back into attention_config's FILLED shares first). Its GPU test, then what 64 streaming clients
 # get from the tree before (HEAD unpacked in .ab/old: `git archive HEAD pipeline serve | tar -x -C
 # .ab/old`) and this one, alternated twice over one gpt2 run folder (greedy, then sampled at
 # temperature 0.8, top_p 0.95), then gpt2-medium served by this tree if time is left.
