@@ -3,8 +3,11 @@ failed (tracebacks with `gpt2-deploy --debug`)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
+import signal
+import threading
 from typing import NoReturn
 
 import click
@@ -17,13 +20,37 @@ from pipeline.progress import console
 DEBUG = {"on": False}  # set by the command's --debug
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, `kill`, a container or service stopping) taken as Ctrl-C is: the stage's
+    temporary files, and the libraries' own (ModelOpt's copies of a graph), go on the way out. Its
+    default action ended the process where it stood and left them, gigabytes at gpt2-xl."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM raises Terminated for the block's length. A command that installs its own handler
+    (serve, finetune's loop) replaces this one while it runs."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Terminated()
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def user_errors(fn):
-    """Print a UserError, a full disk, and any other exception as one line and exit non-zero;
-    tracebacks only with --debug."""
+    """Print a UserError, a full disk, an interruption (SIGINT, SIGTERM) and any other exception as
+    one line and exit non-zero; tracebacks only with --debug."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with sigterm_as_interrupt():
+                return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.ClickException, click.exceptions.Abort):
             raise  # typer's and click's own ways out (an exit code, a usage error)
         except UserError as e:
@@ -40,12 +67,13 @@ def user_errors(fn):
             console.print(f"[red]error:[/red] {escape(e.filename or 'a file')}: {e.strerror}; free some space and run "
                           "the stage again (outputs are replaced only when complete)", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
-        except KeyboardInterrupt:  # stages write through temp files and renames: nothing half-written stays
+        except KeyboardInterrupt as e:  # stages write through temp files and renames: nothing half-written stays
             if DEBUG["on"]:
                 raise
-            console.print("[red]interrupted:[/red] stopped before the end; outputs are written only when complete",
-                          highlight=False)
-            raise typer.Exit(130) from None
+            by = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+            console.print(f"[red]interrupted[/red] ({by.name}): stopped before the end; outputs are written only "
+                          "when complete", highlight=False)
+            raise typer.Exit(128 + by) from None
         except Exception as e:
             unexpected(e, fn.__name__)
     return wrapper
