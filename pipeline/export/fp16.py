@@ -21,7 +21,10 @@ def convert_fp16(fp32_path: Path, out_path: Path, calibration_npz: Path) -> None
     graph = onnx.load(str(fp32_path), load_external_data=False)
     embedding_gathers = [n.name for n in graph.graph.node if n.op_type == "Gather" and n.input[0] in
                          {i.name for i in graph.graph.initializer}]
+    # ModelOpt's own type inference, where ONNX's shape inference ran over the whole weighted graph six
+    # times: the same graph, 25% less time at gpt2-large (docs/journal/performance.md, "AutoCast's type inference")
     model = convert(str(fp32_path), low_precision_type="fp16", keep_io_types=False,
-                    calibration_data=str(calibration_npz), nodes_to_include=embedding_gathers, providers=["cpu"])
+                    calibration_data=str(calibration_npz), nodes_to_include=embedding_gathers, providers=["cpu"],
+                    use_standalone_type_inference=True)
     dedupe_initializers(model)
     save_graph(model, out_path)
