@@ -40,7 +40,8 @@ def sigterm_as_interrupt():
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:  # None: a handler set outside Python, which cannot be put back from here
+            signal.signal(signal.SIGTERM, previous)
 
 
 def user_errors(fn):
