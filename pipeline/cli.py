@@ -259,14 +259,12 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
             listen,
             serve_here,
             serve_in_processes,
-            stop_start_up_on_sigterm,
         )
     except ImportError as e:
         raise UserError(f"serving needs the [serve] extra ({e.name} is missing): pip install 'gpt2-deploy[serve]'") from None
     from pipeline.tokenizer import load_tokenizer
     from serve.engine_process import EngineProcess, EngineSpec
 
-    stop_start_up_on_sigterm()
     flags = {"host": host, "port": port, "max_body": max_body, "queue": queue, "max_rows": max_rows, "timeout_s": timeout,
              "http_processes": http_processes}
     sets = [*(sets or []), *(f"serve.{key}={value}" for key, value in flags.items() if value is not None)]

@@ -32,7 +32,7 @@ import uvicorn
 from prometheus_client import multiprocess
 
 from pipeline.config import ServeConfig
-from pipeline.errors import Interrupted, UserError
+from pipeline.errors import UserError
 from serve.app import Service, create_service
 from serve.engine_process import EngineProcess
 from serve.middleware import HeadTimeout
@@ -108,15 +108,6 @@ class DrainingServer(uvicorn.Server):
                                                or time.monotonic() - self.drain_started > self.drain_s):
             self.should_exit = True
         return await super().on_tick(counter)
-
-
-def stop_start_up_on_sigterm() -> None:
-    """Until the server says it is ready a SIGTERM ends the start-up as Ctrl-C does, the engine
-    process (which ignores the signal) killed with it: exit 143. By default it killed this process
-    alone, and the engine held the GPU until it had loaded."""
-    def stop(signum, _):
-        raise Interrupted("serve: stopped by SIGTERM while starting; nothing is left running", signum)
-    signal.signal(signal.SIGTERM, stop)
 
 
 def hold_stop_signals() -> list[int]:

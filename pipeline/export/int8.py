@@ -24,11 +24,11 @@ from pipeline.export.graph_passes import dedupe_initializers, quantize_weights_i
 from pipeline.export.modelopt_support import modelopt
 
 QUANTIZED_OPS = ["Gemm"]
-QDQ_OPSET = 19  # ModelOpt's least opset for int8 Q/DQ
 
 
 def convert_int8_qdq(fp32_path: Path, out_path: Path, calibration: dict[str, np.ndarray]) -> None:
     quantize = modelopt("modelopt.onnx.quantization", "int8 export").quantize
+    least_opset = modelopt("modelopt.onnx.utils", "int8 export").QDQ_PRECISION_MIN_OPSET["int8"]
     with tempfile.TemporaryDirectory(dir=out_path.parent) as tmp:
         source, quantized = Path(tmp) / fp32_path.name, Path(tmp) / "quantized.onnx"
         # quantize() rewrites its input in place (shape inference): it gets a copy, weights included.
@@ -36,8 +36,8 @@ def convert_int8_qdq(fp32_path: Path, out_path: Path, calibration: dict[str, np.
         # conversion serialises the whole graph, which fails past 2 GB, and then writes it once more
         # (docs/journal/performance.md, "ModelOpt's passes over a large graph")
         graph = onnx.load(str(fp32_path), load_external_data=False)
-        if next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")) < QDQ_OPSET:
-            graph = onnx.version_converter.convert_version(graph, QDQ_OPSET)
+        if next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")) < least_opset:
+            graph = onnx.version_converter.convert_version(graph, least_opset)
         onnx.save(graph, str(source))
         weights = graph_files(fp32_path)[1]
         if weights.exists():
