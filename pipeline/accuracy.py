@@ -113,9 +113,13 @@ def check(candidate: Backend, reference: dict, prompts: list[list[int]], new_tok
     return metrics, budget_failures(metrics, budget)
 
 
-def graph_parity(onnx_path, precision: str, model, prompts: list[list[int]], new_tokens: int,
+def torch_reference(model, prompts: list[list[int]], new_tokens: int) -> dict:
+    """What PyTorch fp32 computes on export's parity prompts: the reference every graph is checked against."""
+    return measure(TorchEagerBackend(model, "fp32"), prompts, new_tokens)
+
+
+def graph_parity(onnx_path, precision: str, config, reference: dict, prompts: list[list[int]], new_tokens: int,
                  budget: Budget, target: str) -> tuple[dict, list[str]]:
-    """export's check of a graph before it lands: ONNX Runtime on the CPU against PyTorch fp32."""
-    reference = measure(TorchEagerBackend(model, "fp32"), prompts, new_tokens)
-    candidate = open_graph(onnx_path, model.config, precision, torch.device("cpu"), target)
+    """export's check of a graph before it lands: ONNX Runtime on the CPU against torch_reference."""
+    candidate = open_graph(onnx_path, config, precision, torch.device("cpu"), target)
     return check(candidate, reference, prompts, new_tokens, budget)

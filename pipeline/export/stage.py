@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.accuracy import graph_parity
+from pipeline.accuracy import graph_parity, torch_reference
 from pipeline.artifacts import (
     RunDir,
     atomic_dir,
@@ -120,6 +120,7 @@ def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force:
     calib = blocks[:d.calib_samples]
     # prompts of different lengths, so the parity check covers left padding
     prompts = [row[: max(1, d.calib_block_size // 2 - 3 * i)].tolist() for i, row in enumerate(blocks[d.calib_samples:])]
+    reference = None  # PyTorch's outputs on the prompts, computed once for every graph checked
     jobs = []
     if PORTABLE in e.targets:  # every other portable variant derives from fp32
         jobs += [(PORTABLE, p) for p in ["fp32"] + [p for p in precisions if p != "fp32"]]
@@ -134,6 +135,7 @@ def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force:
         if not force and run.is_fresh(stage, stage_fp):
             console.print(f"export: {where} is up to date")
             continue
+        reference = reference or torch_reference(model, prompts, e.parity_tokens)
         started = time.perf_counter()
         with atomic_dir(folder) as tmp:  # a failure here leaves the last graph and its record as they were
             out = tmp / MODEL_FILE
@@ -141,7 +143,7 @@ def export(cfg: Config, run: RunDir, precisions: list[str] | None = None, force:
             graph = finish_graph(out)
             check_graph(graph, Contract.from_hf_config(model.config, target), where)
             seconds = time.perf_counter() - started
-            parity, failures = graph_parity(out, precision, model, prompts, e.parity_tokens,
+            parity, failures = graph_parity(out, precision, model.config, reference, prompts, e.parity_tokens,
                                             cfg.validate.budgets[precision], target)
             if failures:
                 raise UserError(f"export {where}: the graph disagrees with PyTorch on ONNX Runtime "
