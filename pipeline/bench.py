@@ -169,6 +169,10 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
         synchronize(device)
         load_s = time.perf_counter() - start
         for batch in settings.batches:
+            if backend.max_rows is not None and batch > backend.max_rows:
+                rows += [Row(name, precision, batch, "skipped", decoding=d,
+                             reason=f"{name} runs at most {backend.max_rows} rows at once") for d in decodings]
+                continue
             for decoding, sampling in decodings.items():
                 try:
                     start = time.perf_counter()

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -129,3 +130,18 @@ def test_sample_adds_a_sampled_row_beside_each_greedy_one(exported_run, tmp_path
     assert "greedy and sampled (temperature 0.7, top_p 0.9" in table and "| torch-compiled | fp32 | 2 | sampled |" in table
     bad = runner.invoke(app, _args(run, "--sample", "--top-p", "1.5"))
     assert bad.exit_code == 1 and "--top-p 1.5: must be in (0, 1]" in bad.output
+
+
+def test_a_batch_past_the_runtimes_bound_is_skipped_saying_so(exported_run, tmp_path):
+    """onnxruntime-genai takes at most 32 rows a generator: its row at batch 33 is skipped with that
+    reason (it was an error row carrying the runtime's message), its row at batch 1 runs."""
+    pytest.importorskip("onnxruntime_genai", reason="the onnxruntime-genai test needs the [dev] extra")
+    cfg, run, _ = exported_run
+    run = copy_run(run, tmp_path / "run")
+    args = _args(run, "--backend", "ort-genai", "--precision", "fp32", "--set", f"data.source={cfg.data.source}")
+    args[args.index("--batch") + 1] = "1,33"
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = {r["batch"]: r for r in json.loads((run.reports / "bench.json").read_text())["rows"]}
+    assert rows[1]["status"] == "ok" and rows[1]["tokens_per_s"] > 0
+    assert rows[33]["status"] == "skipped" and rows[33]["reason"] == "ort-genai runs at most 32 rows at once"

@@ -29,6 +29,7 @@ class Backend:
     vocab_size: int
     fused_greedy = False  # whether greedy_steps is offered
     fused_sampling = False  # whether sampled_steps and sampling_table are offered
+    max_rows: int | None = None  # the most rows the runtime takes at once; None: as many as memory holds
     # a runtime with a thread pool of its own on the CPU (ONNX Runtime): the torch ops around its steps
     # then run on one thread, since torch's OpenMP workers, spinning after each op, take the cores from
     # it (docs/journal/performance.md, "The CPU bench")

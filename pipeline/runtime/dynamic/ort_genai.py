@@ -25,6 +25,7 @@ class OrtGenaiBackend(Backend):
     name = "ort-genai"
     owns_cpu_threads = True
     fused_greedy = True
+    max_rows = 32  # onnxruntime-genai's own bound on a generator's batch (kMaxBatchSize, src/generators.cpp)
 
     def __init__(self, folder: Path, precision: str, device: torch.device, n_positions: int, vocab_size: int):
         try:
@@ -46,6 +47,8 @@ class OrtGenaiBackend(Backend):
         self.generator = None
 
     def reset(self, batch: int, max_len: int) -> None:
+        if batch > self.max_rows:
+            raise ValueError(f"onnxruntime-genai runs at most {self.max_rows} rows at once, not {batch}")
         self.params = self.og.GeneratorParams(self.model)
         self.params.set_search_options(max_length=max_len, batch_size=batch, do_sample=False)
         self.rows, self.generator = batch, None

@@ -1,10 +1,10 @@
 """Where the ort target's CPU graphs spend a decode step (#51): the fp32 graph against the int8 one
-(MatMulNBits over int8 weights, activations quantised to int8 per block as it runs), batch 1 and 8,
-prompt 128, 64 new tokens, through ort-fused as bench runs it, with ONNX Runtime's profiler on. Per
+(MatMulNBits over int8 weights, activations quantised to int8 per block as it runs), batch 1 and 8
+(or the batches given after the run folder), prompt 128, 64 new tokens, through ort-fused as bench runs it, with ONNX Runtime's profiler on. Per
 graph and batch: ms a token, then each operator type's share of the decode steps' node time (the
 prefills left out).
-`PYTHONPATH=. python docs/journal/probes/cpu_int8/ort_int8_profile.py artifacts/RUN` (a run whose ort
-target was exported in fp32 and int8)."""
+`PYTHONPATH=. python docs/journal/probes/cpu_int8/ort_int8_profile.py artifacts/RUN [BATCH ...]` (a run
+whose ort target was exported in fp32 and int8)."""
 import json
 import sys
 import time
@@ -19,6 +19,7 @@ from pipeline.runtime.generate import Generator
 from pipeline.runtime.sampling import Sampling
 
 run = Path(sys.argv[1])
+batches = [int(b) for b in sys.argv[2:]] or [1, 8]
 plain_options = ort_backend.session_options
 profiled = []
 
@@ -36,7 +37,7 @@ contract = Contract(config["decoder"]["num_hidden_layers"], config["decoder"]["n
                     config["decoder"]["head_size"], config["vocab_size"], ORT)
 print(cpu_description())
 for precision in ("fp32", "int8"):
-    for batch in (1, 8):
+    for batch in batches:
         backend = OrtFusedBackend(run / "onnx-ort" / precision / "model.onnx", contract, precision, "cpu")
         generator = Generator(backend)
         prompts = [list(range(100 + row, 228 + row)) for row in range(batch)]
