@@ -50,9 +50,11 @@ def create_service(channel: tuple, info: dict, waiting, tokenizer, settings: Ser
                    docs: bool = False) -> Service:
     """The app of one HTTP process over its channel to the engine, `waiting` the count of requests
     not yet started that every HTTP process shares (serve.engine_process.EngineProcess)."""
-    # a continuously batched request runs all its prompts at once: more than the rows would never start
-    batched = info["scheduler"] == "continuous"
-    max_prompts = min(settings.max_prompts, settings.max_rows) if batched else settings.max_prompts
+    # a request runs all its prompts at once: more than the rows, or than the runtime takes, would never start
+    limits = [settings.max_prompts, info["runtime_max_rows"] or settings.max_prompts]
+    if info["scheduler"] == "continuous":
+        limits.append(settings.max_rows)
+    max_prompts = min(limits)
     gpu = info["device"].startswith("cuda")
     metrics = ServeMetrics(int(info["device"].partition(":")[2] or 0) if gpu else None)
     engine = EngineClient(channel, info, settings.queue, waiting, metrics.load)
@@ -126,7 +128,7 @@ def create_service(channel: tuple, info: dict, waiting, tokenizer, settings: Ser
     @app.get("/health")
     def health():
         body = {"status": "ok" if engine.alive else "engine stopped", "model": model_name, **info,
-                "max_rows": settings.max_rows}
+                "max_rows": settings.max_rows, "max_prompts": max_prompts}
         return body if engine.alive else JSONResponse(status_code=503, content=body)
 
     @app.get("/ready")

@@ -289,7 +289,8 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
         results[0].send(("failed", str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"))
         return
     results[0].send(("ready", {"backend": backend.name, "precision": backend.precision, "device": str(backend.device),
-                               "context": backend.n_positions, "shape": model_description(run.checkpoint),
+                               "context": backend.n_positions, "runtime_max_rows": backend.max_rows,
+                               "shape": model_description(run.checkpoint),
                                "scheduler": "continuous" if isinstance(scheduler, ContinuousScheduler) else "serial"}))
     scheduler.serve()
 

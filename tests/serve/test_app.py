@@ -292,3 +292,18 @@ def test_a_body_or_head_that_stops_arriving_gets_408_and_does_not_hold_a_drain(e
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0 and time.monotonic() - started < 10
     s.close()
+
+
+def test_a_runtime_with_a_row_bound_caps_a_requests_prompts_at_it(exported_run, tmp_path):
+    """onnxruntime-genai takes 32 rows a generator: served on it, a request of 33 prompts is refused
+    up front (it reached the runtime, which failed it), and one within the bound is answered."""
+    pytest.importorskip("onnxruntime_genai", reason="the onnxruntime-genai test needs the [dev] extra")
+    from tests.serve.conftest import start_server
+
+    _, run, _ = exported_run
+    _, url = start_server(run, tmp_path / "server.log", "--backend", "ort-genai")
+    assert httpx.get(f"{url}/health").json().items() >= {"runtime_max_rows": 32, "max_prompts": 32}.items()
+    refused = httpx.post(f"{url}/batch_generate", json={"prompts": ["The"] * 33, "max_new_tokens": 2}, timeout=60)
+    assert refused.status_code == 400 and "give 1 to 32 prompts" in refused.text, refused.text
+    answered = httpx.post(f"{url}/batch_generate", json={"prompts": ["The"] * 2, "max_new_tokens": 2}, timeout=60)
+    assert answered.status_code == 200 and len(answered.json()["results"]) == 2, answered.text
