@@ -296,7 +296,8 @@ def test_a_body_or_head_that_stops_arriving_gets_408_and_does_not_hold_a_drain(e
 
 def test_a_runtime_with_a_row_bound_caps_a_requests_prompts_at_it(exported_run, tmp_path):
     """onnxruntime-genai takes 32 rows a generator: served on it, a request of 33 prompts is refused
-    up front (it reached the runtime, which failed it), and one within the bound is answered."""
+    up front (it reached the runtime, which failed it), and one within the bound is answered; what
+    else it cannot do (prompts of several lengths, several sampled rows) is a 400 saying so (was 500)."""
     pytest.importorskip("onnxruntime_genai", reason="the onnxruntime-genai test needs the [dev] extra")
     from tests.serve.conftest import start_server
 
@@ -307,3 +308,8 @@ def test_a_runtime_with_a_row_bound_caps_a_requests_prompts_at_it(exported_run, 
     assert refused.status_code == 400 and "give 1 to 32 prompts" in refused.text, refused.text
     answered = httpx.post(f"{url}/batch_generate", json={"prompts": ["The"] * 2, "max_new_tokens": 2}, timeout=60)
     assert answered.status_code == 200 and len(answered.json()["results"]) == 2, answered.text
+    # what this runtime cannot do is the request's to change (400 saying what), not a server error
+    for request, says in (({"prompts": ["The", "A long one"]}, "give it prompts of one length"),
+                          ({"prompts": ["The"] * 2, "do_sample": True}, "several prompts decode greedily")):
+        reply = httpx.post(f"{url}/batch_generate", json={**request, "max_new_tokens": 2}, timeout=60)
+        assert reply.status_code == 400 and says in reply.text, reply.text

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.errors import UserError
 from pipeline.runtime.backend import Backend, BackendUnavailable
 from pipeline.runtime.batch import Batch
 from pipeline.runtime.dynamic.ort_backend import cannot_load, cpu_threads
@@ -48,14 +49,14 @@ class OrtGenaiBackend(Backend):
 
     def reset(self, batch: int, max_len: int) -> None:
         if batch > self.max_rows:
-            raise ValueError(f"onnxruntime-genai runs at most {self.max_rows} rows at once, not {batch}")
+            raise UserError(f"onnxruntime-genai runs at most {self.max_rows} rows at once, not {batch}")
         self.params = self.og.GeneratorParams(self.model)
         self.params.set_search_options(max_length=max_len, batch_size=batch, do_sample=False)
         self.rows, self.generator = batch, None
 
     def prefill(self, batch: Batch, last_only: bool = True) -> torch.Tensor:
         if batch.padded:
-            raise ValueError("onnxruntime-genai pads prompts on the right with end-of-text: give it prompts of one length")
+            raise UserError("onnxruntime-genai pads prompts on the right with end-of-text: give it prompts of one length")
         if not last_only:
             raise ValueError("onnxruntime-genai returns the last position's logits only")
         self.generator = self.og.Generator(self.model, self.params)
@@ -67,8 +68,8 @@ class OrtGenaiBackend(Backend):
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self.rows != 1:
-            raise ValueError("onnxruntime-genai appends tokens one step at a time to a single row only; "
-                             "a batch of several decodes greedily (greedy_steps)")
+            raise UserError("onnxruntime-genai appends tokens one step at a time to a single row only: "
+                            "several prompts decode greedily")
         self.generator.append_tokens(tokens.cpu().numpy().astype(np.int32))
         return self._logits()
 
