@@ -47,10 +47,12 @@ def markdown(result: dict) -> str:
 
 
 def cpu_line(cpu: dict) -> str:
-    """`AMD EPYC 9654 (2 of 2 cores; avx2, avx512f, avx512_vnni)`: the int8 rows depend on the extensions."""
+    """`AMD EPYC 9654 (2 of 2 cores; avx2, avx512f, avx512_vnni; torch kernels AVX512)`: the int8 rows
+    depend on the extensions (older reports do not name torch's kernels)."""
     extensions = cpu["vector_extensions"]
+    kernels = f"; torch kernels {cpu['torch_kernels']}" if cpu.get("torch_kernels") else ""
     return (f"{cpu['model']} ({cpu['usable_cores']} of {cpu['logical_cores']} cores; "
-            f"{', '.join(extensions) if isinstance(extensions, list) else extensions})")
+            f"{', '.join(extensions) if isinstance(extensions, list) else extensions}{kernels})")
 
 
 def decodings(settings: dict) -> str:

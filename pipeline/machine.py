@@ -49,8 +49,9 @@ def model_line(model: dict) -> str:
 
 
 def cpu_description() -> dict:
-    """The processor's model name, its logical cores (all, and those this process may use), and
-    which of VECTOR_EXTENSIONS it has (known on Linux only)."""
+    """The processor's model name, its logical cores (all, and those this process may use), which of
+    VECTOR_EXTENSIONS it has (known on Linux only), and the instruction set torch's kernels chose,
+    which is what CPUID tells this process (a hypervisor or ATEN_CPU_CAPABILITY can make it less)."""
     info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
@@ -62,7 +63,8 @@ def cpu_description() -> dict:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"model": info.get("model name") or platform.processor() or platform.machine(),
             "logical_cores": os.cpu_count(), "usable_cores": usable,
-            "vector_extensions": [f for f in VECTOR_EXTENSIONS if f in flags] if flags else "unknown"}
+            "vector_extensions": [f for f in VECTOR_EXTENSIONS if f in flags] if flags else "unknown",
+            "torch_kernels": torch.backends.cpu.get_cpu_capability()}
 
 
 def environment(device: torch.device) -> dict:

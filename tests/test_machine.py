@@ -35,6 +35,7 @@ def test_a_shape_no_preset_has_is_custom_and_one_line_names_it(tmp_path):
 def test_the_processor_and_its_vector_extensions_are_read():
     cpu = cpu_description()
     assert cpu["model"] and 1 <= cpu["usable_cores"] <= cpu["logical_cores"]
+    assert cpu["torch_kernels"] == torch.backends.cpu.get_cpu_capability()
     if not Path("/proc/cpuinfo").exists():
         pytest.skip("the vector extensions are read from Linux's /proc/cpuinfo")
     flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(("flags", "Features")))

@@ -52,6 +52,16 @@ def _weight_axis(node: onnx.NodeProto) -> int | None:
     return None
 
 
+def symmetric_int8(w: np.ndarray, axis: int, top: int = 127) -> tuple[np.ndarray, np.ndarray]:
+    """A 2-D float weight -> (int8 weight, a scale per output channel along `axis`, in w's float type):
+    each channel's absolute maximum maps to `top`, rounded to the nearest integer by the scale as stored."""
+    absmax = np.abs(w.astype(np.float32)).max(axis=1 - axis)
+    scale = np.where(absmax > 0, absmax / top, 1.0).astype(w.dtype)
+    shape = [1, -1] if axis == 1 else [-1, 1]
+    q = np.clip(np.rint(w.astype(np.float32) / scale.astype(np.float32).reshape(shape)), -top, top).astype(np.int8)
+    return q, scale
+
+
 def quantize_weights_int8(model: onnx.ModelProto) -> int:
     """Rewrite float 2-D weights of MatMul/Gemm into int8 + per-channel symmetric scales behind a
     DequantizeLinear. Weights shared with other consumers (the tied embedding) stay as they are,
@@ -70,11 +80,7 @@ def quantize_weights_int8(model: onnx.ModelProto) -> int:
                 init.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
             new_nodes.append(node)
             continue
-        w = numpy_helper.to_array(init).astype(np.float32)
-        absmax = np.abs(w).max(axis=1 - axis)
-        scale = np.where(absmax > 0, absmax / 127.0, 1.0).astype(numpy_helper.to_array(init).dtype)
-        shape = [1, -1] if axis == 1 else [-1, 1]
-        q = np.clip(np.rint(w / scale.astype(np.float32).reshape(shape)), -127, 127).astype(np.int8)
+        q, scale = symmetric_int8(numpy_helper.to_array(init), axis)
         model.graph.initializer.remove(init)
         model.graph.initializer.extend([numpy_helper.from_array(q, f"{name}_int8"),
                                         numpy_helper.from_array(scale, f"{name}_scale"),

@@ -9,8 +9,9 @@ operators (com.microsoft):
   fill their cache from slot 0 (right padding, as onnxruntime-genai feeds it);
 - FastGelu with its bias: GPT-2's tanh GELU;
 - MatMul for the projections and the LM head (a transposed copy of the tied embedding, so the head
-  is a plain MatMul over a constant, which the int8 pass quantises too); the int8 precisions make
-  them MatMulNBits (int8 weights in blocks of 32 with a scale each).
+  is a plain MatMul over a constant, which the int8 passes quantise too); int8-wo (the GPU's) makes
+  them MatMulNBits (int8 weights in blocks of 32 with a scale each), int8 (the CPU's)
+  DynamicQuantizeMatMul (int8 weights with a scale per output, activations quantised as it runs).
 
 The inputs and outputs are the contract's (target "ort"), so the ORT backend and onnxruntime-genai
 bind them by name. What each precision is, and why: ORT_GRAPHS."""
@@ -27,10 +28,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.contract import LOGITS, LOGITS_TO_KEEP, ORT, Contract
 from pipeline.export.graph_file import save_graph
+from pipeline.export.graph_passes import symmetric_int8
 
 MS = "com.microsoft"
 IR_VERSION = 10  # ONNX Runtime 1.31 refused the graph at the onnx package's default (newest) IR version
-GRAPH_VERSION = 1  # part of export's fingerprint: bump it when what build_ort_graph writes changes
+GRAPH_VERSION = 2  # part of export's fingerprint: bump it when what build_ort_graph writes changes
 NBITS_BLOCK = 32  # weights per int8 scale, along each output's input dimension
 
 
@@ -38,19 +40,22 @@ NBITS_BLOCK = 32  # weights per int8 scale, along each output's input dimension
 class OrtGraph:
     """How the ort target writes one precision."""
     activations: type  # the float type of activations, KV cache and logits
-    int8_weights: bool  # MatMulNBits with int8 weights for every projection and the LM head
-    # MatMulNBits' accuracy_level: 4 quantises activations to int8 per block as it runs, so the CPU uses
-    # its integer dot-product kernels (level 0, float compute, is far slower there); 0 for the GPU, whose
-    # kernels read int8 weights and compute in fp16 (docs/journal/performance.md, "ONNX Runtime target").
-    accuracy_level: int = 0
+    int8_op: str | None = None  # the operator every projection and the LM head become (INT8_MATMULS); None: MatMul
     summary: str = ""
 
 
+# The CPU's int8 is ONNX Runtime's dynamic quantisation (as `quantize_dynamic` and Optimum's CPU
+# configurations write it): MLAS's integer GEMM runs 1.7-2.1x the fp32 graph at 8 rows where
+# MatMulNBits ran 0.8-1.4x, on AVX2 and on AVX-512 VNNI (docs/journal/performance.md, "The CPU's
+# int8 on AVX2"). Its AVX2 kernel sums pairs of uint8 x int8 products in int16, which saturate at
+# full-range weights, so the weights use 7 bits: one graph answers alike on every x86 processor.
+DYNAMIC_INT8_TOP = 63
 ORT_GRAPHS = {
-    "fp32": OrtGraph(np.float32, False, summary="fp32, fused operators (the CPU's float graph)"),
-    "fp16": OrtGraph(np.float16, False, summary="fp16, fused operators (the GPU's float graph)"),
-    "int8": OrtGraph(np.float32, True, 4, "MatMulNBits int8 weights, activations quantised to int8 as it runs (CPU)"),
-    "int8-wo": OrtGraph(np.float16, True, 0, "MatMulNBits int8 weights, fp16 activations (GPU)"),
+    "fp32": OrtGraph(np.float32, summary="fp32, fused operators (the CPU's float graph)"),
+    "fp16": OrtGraph(np.float16, summary="fp16, fused operators (the GPU's float graph)"),
+    "int8": OrtGraph(np.float32, "DynamicQuantizeMatMul",
+                     "DynamicQuantizeMatMul: 7-bit int8 weights per output, activations quantised to uint8 as it runs (CPU)"),
+    "int8-wo": OrtGraph(np.float16, "MatMulNBits", "MatMulNBits int8 weights, fp16 activations (GPU)"),
 }
 
 
@@ -59,15 +64,16 @@ def export_ort_graph(model, precision: str, path: Path, opset: int) -> None:
     spec = ORT_GRAPHS[precision]
     state = {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()}
     graph = build_ort_graph(state, model.config, spec.activations, opset)
-    if spec.int8_weights:
-        graph = _int8_matmuls(graph, spec.accuracy_level)
+    if spec.int8_op:
+        graph = INT8_MATMULS[spec.int8_op](graph)
     save_graph(graph, path)
 
 
-def _int8_matmuls(graph: onnx.ModelProto, accuracy_level: int) -> onnx.ModelProto:
+def _weight_only_int8_matmuls(graph: onnx.ModelProto) -> onnx.ModelProto:
+    """Every MatMul over a weight -> MatMulNBits: the GPU's kernels read int8 weights and compute in
+    the activations' float type (accuracy level 0)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-    quantizer = MatMulNBitsQuantizer(graph, bits=8, block_size=NBITS_BLOCK, is_symmetric=True,
-                                     accuracy_level=accuracy_level)
+    quantizer = MatMulNBitsQuantizer(graph, bits=8, block_size=NBITS_BLOCK, is_symmetric=True, accuracy_level=0)
     log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
     level = log.level
     log.setLevel(logging.WARNING)  # it logs two lines per node at INFO
@@ -76,6 +82,26 @@ def _int8_matmuls(graph: onnx.ModelProto, accuracy_level: int) -> onnx.ModelProt
     finally:
         log.setLevel(level)
     return quantizer.model.model
+
+
+def _dynamic_int8_matmuls(graph: onnx.ModelProto) -> onnx.ModelProto:
+    """Every MatMul over a weight [K, N] -> DynamicQuantizeMatMul over its int8 copy and a scale per
+    output column: ONNX Runtime quantises the activations to uint8 per call and runs MLAS's integer GEMM."""
+    weights = {init.name: init for init in graph.graph.initializer}
+    for node in graph.graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in weights:
+            continue
+        name = node.input[1]
+        q, scale = symmetric_int8(numpy_helper.to_array(weights[name]), axis=1, top=DYNAMIC_INT8_TOP)
+        graph.graph.initializer.remove(weights.pop(name))
+        graph.graph.initializer.extend([numpy_helper.from_array(q, f"{name}_int8"),
+                                        numpy_helper.from_array(scale, f"{name}_scale")])
+        node.op_type, node.domain = "DynamicQuantizeMatMul", MS
+        node.input[1:] = [f"{name}_int8", f"{name}_scale"]
+    return graph
+
+
+INT8_MATMULS = {"MatMulNBits": _weight_only_int8_matmuls, "DynamicQuantizeMatMul": _dynamic_int8_matmuls}
 
 
 class GraphWriter:

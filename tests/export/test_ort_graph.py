@@ -46,7 +46,11 @@ def test_every_precision_is_a_fused_graph_in_a_genai_folder(exported_run):
         assert found["SkipLayerNormalization"] == 2 * config.n_layer + 1  # embeddings, then two per block
         assert found["FastGelu"] == config.n_layer
         # qkv, attention out, MLP up and down per block, and the LM head
-        assert found.get("MatMulNBits", 0) == (4 * config.n_layer + 1 if spec.int8_weights else 0), precision
+        projections = 4 * config.n_layer + 1
+        if spec.int8_op:
+            assert found[spec.int8_op] == projections and "MatMul" not in found, precision
+        else:
+            assert found["MatMul"] == projections, precision
         assert f"onnx-ort/{precision}/model.onnx" in manifest["artifacts"]
         assert report[f"ort/{precision}"]["graph"] == spec.summary
         parity = report[f"ort/{precision}"]["parity_ort_cpu"]
