@@ -25,6 +25,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pipeline.runtime.batch import send
@@ -103,31 +104,30 @@ class SamplingTable:
             t[to].copy_(t[frm])
 
 
-def philox(key: tuple[torch.Tensor, torch.Tensor], counter: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Philox4x32-10 (Salmon et al., Random123): key 2 x uint32, counter 4 x uint32, each as int64 tensors
-    holding values below 2^32 -> the first of its four output words. Products of 32-bit words are taken
-    in 16-bit halves so that no int64 overflows."""
+def philox(key: tuple[np.ndarray, np.ndarray], counter: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Philox4x32-10 (Salmon et al., Random123): key 2 x uint32, counter 4 x uint32, each as uint64 arrays
+    holding values below 2^32 -> the first of its four output words. A product of two 32-bit words
+    fits in 64 bits, so each is exact. numpy on the host: a handful of rows costs a few dozen
+    microseconds, where torch's per-op dispatch made it half a millisecond a draw on a CPU
+    (docs/journal/performance.md, "The CPU's sampled rows")."""
     k0, k1 = key
     c0, c1, c2, c3 = counter
     for _ in range(10):
-        hi0, lo0 = _mulhilo(PHILOX_M[0], c0)
-        hi1, lo1 = _mulhilo(PHILOX_M[1], c2)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        p0, p1 = PHILOX_M[0] * c0, PHILOX_M[1] * c2
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & MASK32, (p0 >> 32) ^ c3 ^ k1, p0 & MASK32
         k0, k1 = (k0 + PHILOX_W[0]) & MASK32, (k1 + PHILOX_W[1]) & MASK32
     return c0
 
 
-def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(high, low) 32-bit words of a * b for a constant and b below 2^32."""
-    x, y = b * (a >> 16), b * (a & 0xFFFF)  # each below 2^48
-    return (x + (y >> 16)) >> 16, (((x & 0xFFFF) << 16) + y) & MASK32
-
-
 def uniform(seed: torch.Tensor, position: torch.Tensor, stream: torch.Tensor, draw: int) -> torch.Tensor:
-    """A number in (0, 1) for each row [n] f32: the top 24 bits of Philox(seed; position, stream, draw, 0)."""
-    word = philox((seed & MASK32, (seed >> 32) & MASK32),
-                  (position & MASK32, stream & MASK32, torch.full_like(position, draw), torch.zeros_like(position)))
-    return ((word >> 8).float() + 0.5) * 2.0 ** -24
+    """A number in (0, 1) for each row [n] f32 on seed's device: the top 24 bits of Philox(seed;
+    position, stream, draw, 0), in float32 as the kernel computes it."""
+    device = seed.device
+    seed, position, stream = (t.cpu().numpy().astype(np.int64).view(np.uint64) for t in (seed, position, stream))
+    word = philox((seed & MASK32, seed >> 32),
+                  (position & MASK32, stream & MASK32, np.full_like(position, draw), np.zeros_like(position)))
+    number = ((word >> 8).astype(np.float32) + np.float32(0.5)) * np.float32(2.0 ** -24)
+    return torch.from_numpy(number).to(device)
 
 
 def sample(logits: torch.Tensor, table: SamplingTable, positions: torch.Tensor, rows: torch.Tensor | None = None,
@@ -153,8 +153,10 @@ def sample_reference(logits: torch.Tensor, table: SamplingTable, positions: torc
     floats, ints = table.floats[index], table.ints[index]
     temperature, top_p, repetition, presence, frequency = floats.unbind(1)
     top_k, seed, stream, penalized = ints.unbind(1)
-    scores = penalize(logits.float(), table.counts[index], table.prompt[index], repetition, presence, frequency,
-                      penalized.bool())
+    scores = logits.float()
+    if bool(penalized.any()):  # a dozen passes over the vocabulary: only when a row asks for penalties
+        scores = penalize(scores, table.counts[index], table.prompt[index], repetition, presence, frequency,
+                          penalized.bool())
     token = scores.argmax(-1)
     sampled = temperature > 0
     if bool(sampled.any()):
