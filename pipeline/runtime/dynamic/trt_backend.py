@@ -61,14 +61,15 @@ class TrtBackend(ContractGraphBackend):
             raise BackendUnavailable(f"{plan}: not an engine of this pipeline's contract (no {', '.join(missing[:3])})")
         dtype_of = lambda name: _torch_dtype(trt, self.engine.get_tensor_dtype(name))  # noqa: E731
         self.vocab_size = contract.vocab_size
-        self.max_batch = meta.profile[contract.past_names[0]][2][0]
+        # the profile's largest batch, as Backend.max_rows: bench skips a larger batch saying so, serve caps prompts at it
+        self.max_rows = meta.profile[contract.past_names[0]][2][0]
         self.n_positions = meta.profile[TOKEN_INPUTS[1]][2][1]  # the attention mask's longest: past + new tokens
         self.kv = PingPongKV(contract, dtype_of(contract.past_names[0]), device, dtype_of(LOGITS))
 
     def reset(self, batch: int, max_len: int) -> None:
-        if batch > self.max_batch or max_len > self.n_positions:
+        if batch > self.max_rows or max_len > self.n_positions:
             raise UserError(f"batch {batch} x length {max_len} is outside the engine's profile "
-                            f"(batch <= {self.max_batch}, length <= {self.n_positions}); rebuild with a larger [engine] profile")
+                            f"(batch <= {self.max_rows}, length <= {self.n_positions}); rebuild with a larger [engine] profile")
         super().reset(batch, max_len)
 
     def run(self, inputs: Binding, outputs: Binding) -> None:
