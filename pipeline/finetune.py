@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import shutil
 import signal
 import time
@@ -40,11 +41,11 @@ from pipeline.distributed import (
     ranks_from_env,
 )
 from pipeline.errors import Interrupted, UserError
-from pipeline.machine import cpu_description, shape_description
+from pipeline.machine import cpu_description, free_memory, gpt2_parameters, shape_description
 from pipeline.model import load_gpt2, new_model, resolve_device, shape_of
 from pipeline.progress import console, progress_task
 from pipeline.tokenizer import embedded_gpt2_tokenizer
-from pipeline.training import Stepper, flops_per_token, peak_flops, peak_memory_bytes
+from pipeline.training import Stepper, flops_per_token, peak_flops, peak_memory_bytes, training_state_error
 
 STATE_FILE = "state.pt"
 SHARDS = "shards"  # FSDP: torch.distributed.checkpoint's folder beside the state file
@@ -128,6 +129,21 @@ def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False
         return _finetune(cfg, run, resume, force, on_step, ranks, device, cleanup)
 
 
+def _refuse_a_state_that_cannot_fit(cfg: Config, device: torch.device, ranks: Ranks, loaded: bool) -> None:
+    """A one-line error before a model is built whose training state the device cannot hold (gpt2-xl on
+    a 24 GB CPU), where the system would kill the process at its first step. loaded: a model already
+    read into host memory (--model), whose weights that memory already holds."""
+    m = cfg.model
+    free = free_memory(device)
+    if free is not None and device.type == "cpu":  # ranks on one host share its memory; a GPU is a rank's own
+        free //= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    error = training_state_error(gpt2_parameters(m.n_layer, m.n_embd, m.vocab_size, m.n_positions), free,
+                                 ranks.world if cfg.train.sharded else 1, resident=loaded and device.type == "cpu",
+                                 device=device.type)
+    if error:
+        raise UserError(error)
+
+
 def _finetune(cfg: Config, run: RunDir, resume: bool, force: bool, on_step: Callable[[int], None] | None,
               ranks: Ranks, device: torch.device, cleanup: contextlib.ExitStack) -> dict:
     tokenizer = embedded_gpt2_tokenizer()
@@ -149,7 +165,8 @@ def _finetune(cfg: Config, run: RunDir, resume: bool, force: bool, on_step: Call
     if cfg.model_source:
         model = load_gpt2(cfg.model_source)
         cfg.model = shape_of(model.config)
-    else:
+    _refuse_a_state_that_cannot_fit(cfg, device, ranks, loaded=bool(cfg.model_source))
+    if not cfg.model_source:
         model = new_model(cfg.model, t.seed)
     if cfg.data.block_size > model.config.n_positions:
         raise UserError(f"data.block_size {cfg.data.block_size} exceeds the model's n_positions {model.config.n_positions}")

@@ -67,6 +67,18 @@ def cpu_description() -> dict:
             "torch_kernels": torch.backends.cpu.get_cpu_capability()}
 
 
+def free_memory(device: torch.device) -> int | None:
+    """Bytes this process may still take where it computes: a GPU's free memory, or the host's
+    available memory and free swap (Linux); None where the host does not say."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines())
+        return sum(int(fields[k].split()[0]) * 1024 for k in ("MemAvailable", "SwapFree") if k in fields)
+    except (OSError, ValueError):
+        return None
+
+
 def environment(device: torch.device) -> dict:
     """Where a measurement ran: Python, the OS, the processor, the GPU (with its clocks where NVML
     reads them), and the tracked packages."""

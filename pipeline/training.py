@@ -190,6 +190,24 @@ class Stepper:
         self.scaler.load_state_dict(state["scaler"])
 
 
+TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights, their gradients and AdamW's two moments
+
+
+def training_state_error(parameters: int, free: int | None, shards: int, resident: bool, device: str) -> str | None:
+    """The one-line refusal of a fine-tune whose training state cannot fit before its first step,
+    rather than the system killing it for memory at that step: weights, gradients and AdamW's moments
+    take 16 bytes a parameter (split over the ranks under FSDP) before any activation; `resident`:
+    the weights already in that memory (a model loaded where it trains). None where it fits or
+    `free` is unknown."""
+    needed = TRAINING_BYTES_PER_PARAMETER * parameters // shards - (4 * parameters // shards if resident else 0)
+    if free is None or needed <= free:
+        return None
+    return (f"train.device={device}: the training state of {parameters / 1e6:,.0f}M parameters (fp32 weights, gradients and "
+            f"AdamW's two moments, {TRAINING_BYTES_PER_PARAMETER} bytes a parameter) needs {needed / 2**30:.1f} GiB"
+            f"{' beyond its loaded weights' if resident else ''} and {free / 2**30:.1f} GiB is free there; train on a GPU "
+            "(--set train.device=cuda), shard it over more ranks (train.parallel=fsdp under torchrun), or pick a smaller --preset")
+
+
 def flops_per_token(m: ModelConfig, n_params: int, seq: int) -> float:
     """Training FLOPs per token, PaLM appendix B: 6N for the weight matmuls (forward + backward,
     N counting the tied LM head once) plus 12·L·C·T for attention scores and values."""

@@ -8,7 +8,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from pipeline.config import PRESETS, load_config
-from pipeline.machine import VECTOR_EXTENSIONS, cpu_description, environment, model_description, model_line
+from pipeline.machine import VECTOR_EXTENSIONS, cpu_description, environment, free_memory, model_description, model_line
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
@@ -41,3 +41,13 @@ def test_the_processor_and_its_vector_extensions_are_read():
     flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith(("flags", "Features")))
     assert cpu["vector_extensions"] == [f for f in VECTOR_EXTENSIONS if f in flags.partition(":")[2].split()]
     assert environment(torch.device("cpu"))["cpu"] == cpu
+
+
+def test_the_hosts_free_memory_is_its_available_memory_and_free_swap():
+    if not Path("/proc/meminfo").exists():
+        assert free_memory(torch.device("cpu")) is None
+        return
+    fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()}
+    free = free_memory(torch.device("cpu"))
+    assert 0 < free <= fields["MemTotal"] + fields.get("SwapTotal", 0)
+    assert abs(free - fields["MemAvailable"] - fields.get("SwapFree", 0)) < 2**30  # read moments apart
