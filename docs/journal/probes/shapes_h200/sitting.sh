@@ -1,7 +1,9 @@
-# What every sitting script here sources: the carried wheels installed, the log in $OUT, and
+# What every sitting script here sources: the carried wheels installed (once a machine: a chain left
+# running by xl_chain.sh imports from /tmp/site), the log in $OUT, and
 # `step NAME SECONDS CMD...` (CMD bounded, its output and exit code logged as it comes).
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+[ -e /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 L=$OUT/log.txt
 G="python3 -m pipeline.cli"
