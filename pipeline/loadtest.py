@@ -14,7 +14,6 @@ import asyncio
 import io
 import json
 import multiprocessing
-import os
 import random
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import UserError
+from pipeline.machine import usable_cores
 from pipeline.progress import console
 
 # past one core's worth of streams the clients, not the server, would set the figures: they spread over
@@ -324,7 +324,7 @@ def run_level(settings: LoadSettings, model: str, level: dict, prompts: Workload
     -> (what was recorded, the processes, the measured window)"""
     load = level.get("concurrency") or level["rate"]
     per = CLIENTS_PER_WORKER if "concurrency" in level else RATE_PER_WORKER
-    workers = max(1, min(settings.workers or -(-int(load) // int(per)) or 1, os.cpu_count() or 1))
+    workers = max(1, min(settings.workers or -(-int(load) // int(per)) or 1, usable_cores()))
     if "concurrency" in level:
         workers = min(workers, level["concurrency"])
         shares = [{"concurrency": level["concurrency"] // workers + (i < level["concurrency"] % workers)}

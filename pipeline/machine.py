@@ -48,6 +48,12 @@ def model_line(model: dict) -> str:
     return f"{model['preset']}, {model['parameters']:,} parameters ({layers}, {model['hidden']} wide, {model['heads']} heads)"
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: taskset, a container's cpuset), which is what
+    its thread and process counts should follow; os.cpu_count() counts the host's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def cpu_description() -> dict:
     """The processor's model name, its logical cores (all, and those this process may use), which of
     VECTOR_EXTENSIONS it has (known on Linux only), and the instruction set torch's kernels chose,
@@ -60,9 +66,8 @@ def cpu_description() -> dict:
     except OSError:
         pass
     flags = set((info.get("flags") or info.get("Features") or "").split())
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"model": info.get("model name") or platform.processor() or platform.machine(),
-            "logical_cores": os.cpu_count(), "usable_cores": usable,
+            "logical_cores": os.cpu_count(), "usable_cores": usable_cores(),
             "vector_extensions": [f for f in VECTOR_EXTENSIONS if f in flags] if flags else "unknown",
             "torch_kernels": torch.backends.cpu.get_cpu_capability()}
 

@@ -33,6 +33,7 @@ from prometheus_client import multiprocess
 
 from pipeline.config import ServeConfig
 from pipeline.errors import UserError
+from pipeline.machine import usable_cores
 from serve.app import Service, create_service
 from serve.engine_process import EngineProcess
 from serve.middleware import HeadTimeout
@@ -49,7 +50,7 @@ def http_process_count(settings: ServeConfig, device: str) -> int:
     engine, not with a GPU's (at most half the cores: the engine needs its own)."""
     if settings.http_processes:
         return settings.http_processes
-    return min(GPU_HTTP_PROCESSES, max(1, (os.cpu_count() or 1) // 2)) if device.startswith("cuda") else 1
+    return min(GPU_HTTP_PROCESSES, max(1, usable_cores() // 2)) if device.startswith("cuda") else 1
 
 
 class DrainingServer(uvicorn.Server):

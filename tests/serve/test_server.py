@@ -248,3 +248,18 @@ def test_a_host_that_is_not_this_machines_is_named_as_the_host():
 
     with pytest.raises(UserError, match=r"^--host 203.0.113.5: cannot listen there \(Cannot assign requested address\)"):
         listen(ServeConfig(host="203.0.113.5", port=0))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="process affinity is Linux's")
+def test_a_gpus_http_processes_follow_the_cores_this_process_may_use_not_the_hosts():
+    from pipeline.config import ServeConfig
+    from serve.server import http_process_count
+    every = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, set(sorted(every)[:1]))  # as under taskset or a container's cpuset
+        assert http_process_count(ServeConfig(), "cuda") == 1
+        assert http_process_count(ServeConfig(http_processes=3), "cuda") == 3
+    finally:
+        os.sched_setaffinity(0, every)
+    assert http_process_count(ServeConfig(), "cpu") == 1
+    assert http_process_count(ServeConfig(), "cuda") == min(8, max(1, len(every) // 2))

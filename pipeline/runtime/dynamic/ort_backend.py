@@ -4,7 +4,6 @@ and nothing is allocated per step but the logits."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import torch
 
 from pipeline.contract import LOGITS, Contract
 from pipeline.errors import UserError
+from pipeline.machine import usable_cores
 from pipeline.precisions import PRECISIONS
 from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.dynamic.kv_buffers import (
@@ -33,12 +33,6 @@ def import_ort():
     return onnxruntime
 
 
-def cpu_threads() -> int:
-    """The cores this process may run on: ONNX Runtime's intra-op threads on a CPU (its own default
-    counts the host's cores, which a container's CPU limit can leave idle or oversubscribe)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def cannot_load(path: Path, runtime: str, error: Exception) -> UserError:
     """One line for an artifact the runtime refused, with its own first line of why."""
     first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
@@ -55,7 +49,8 @@ def session_options(fuse_qdq: bool, config: dict[str, str] | None = None):
     # numbers being validated; basic keeps the graph's arithmetic as written.
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if fuse_qdq
                                         else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
-    options.intra_op_num_threads = cpu_threads()
+    # ONNX Runtime's own default counts the host's cores, which a container's CPU limit can leave idle or oversubscribe
+    options.intra_op_num_threads = usable_cores()
     options.log_severity_level = 3
     return options
 

@@ -17,9 +17,10 @@ import numpy as np
 import torch
 
 from pipeline.errors import UserError
+from pipeline.machine import usable_cores
 from pipeline.runtime.backend import Backend, BackendUnavailable
 from pipeline.runtime.batch import Batch
-from pipeline.runtime.dynamic.ort_backend import cannot_load, cpu_threads
+from pipeline.runtime.dynamic.ort_backend import cannot_load
 
 
 class OrtGenaiBackend(Backend):
@@ -39,7 +40,7 @@ class OrtGenaiBackend(Backend):
         try:  # the folder's genai_config.json is the user's to edit: a broken one is refused here, in one line
             config = onnxruntime_genai.Config(str(folder))
             # as the ort backends: the cores this process may run on (ONNX Runtime's default counts the host's)
-            config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": cpu_threads()}}}}))
+            config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": usable_cores()}}}}))
             self.model = onnxruntime_genai.Model(config)
         except RuntimeError as e:  # onnxruntime-genai's type for a missing or unreadable config or graph
             raise cannot_load(folder, "onnxruntime-genai", e) from None
