@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.cores import usable_cores
 from pipeline.errors import UserError
-from pipeline.machine import usable_cores
 from pipeline.progress import console
 
 # past one core's worth of streams the clients, not the server, would set the figures: they spread over

@@ -13,6 +13,7 @@ import torch
 
 from pipeline.artifacts import package_versions
 from pipeline.config import PRESETS, Config
+from pipeline.cores import usable_cores
 
 # the flags int8 and fp16 kernels on a CPU choose their code paths by (x86: /proc/cpuinfo "flags", Arm: "Features")
 VECTOR_EXTENSIONS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni",
@@ -48,12 +49,6 @@ def model_line(model: dict) -> str:
     return f"{model['preset']}, {model['parameters']:,} parameters ({layers}, {model['hidden']} wide, {model['heads']} heads)"
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity: taskset, a container's cpuset), which is what
-    its thread and process counts should follow; os.cpu_count() counts the host's."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def cpu_description() -> dict:
     """The processor's model name, its logical cores (all, and those this process may use), which of
     VECTOR_EXTENSIONS it has (known on Linux only), and the instruction set torch's kernels chose,
@@ -87,7 +82,6 @@ def free_memory(device: torch.device) -> int | None:
 def environment(device: torch.device) -> dict:
     """Where a measurement ran: Python, the OS, the processor, the GPU (with its clocks where NVML
     reads them), and the tracked packages."""
-    from pipeline.runtime.dynamic.ort_backend import cpu_threads
     from pipeline.runtime.dynamic.ort_fused import CUDA_SESSION_CONFIG
 
     env = {"python": platform.python_version(), "platform": platform.platform(), "device": str(device),
@@ -110,7 +104,7 @@ def environment(device: torch.device) -> dict:
     try:  # the module imported, which the package list can misname (onnxruntime-gpu installs as onnxruntime)
         import onnxruntime
         env["onnxruntime"] = {"version": onnxruntime.__version__, "providers": onnxruntime.get_available_providers(),
-                              "intra_op_threads": cpu_threads()}
+                              "intra_op_threads": usable_cores()}
         if device.type == "cuda":
             env["onnxruntime"]["ort_fused_session_config"] = CUDA_SESSION_CONFIG
     except ImportError:

@@ -32,8 +32,8 @@ import uvicorn
 from prometheus_client import multiprocess
 
 from pipeline.config import ServeConfig
+from pipeline.cores import usable_cores
 from pipeline.errors import UserError
-from pipeline.machine import usable_cores
 from serve.app import Service, create_service
 from serve.engine_process import EngineProcess
 from serve.middleware import HeadTimeout

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from pipeline.contract import LOGITS, Contract
+from pipeline.cores import usable_cores
 from pipeline.errors import UserError
-from pipeline.machine import usable_cores
 from pipeline.precisions import PRECISIONS
 from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.dynamic.kv_buffers import (
@@ -49,7 +49,6 @@ def session_options(fuse_qdq: bool, config: dict[str, str] | None = None):
     # numbers being validated; basic keeps the graph's arithmetic as written.
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if fuse_qdq
                                         else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
-    # ONNX Runtime's own default counts the host's cores, which a container's CPU limit can leave idle or oversubscribe
     options.intra_op_num_threads = usable_cores()
     options.log_severity_level = 3
     return options

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.cores import usable_cores
 from pipeline.errors import UserError
-from pipeline.machine import usable_cores
 from pipeline.runtime.backend import Backend, BackendUnavailable
 from pipeline.runtime.batch import Batch
 from pipeline.runtime.dynamic.ort_backend import cannot_load
