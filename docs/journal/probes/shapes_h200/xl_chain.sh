@@ -10,7 +10,7 @@
 # portable fp16 graph (AutoCast) and its plan; the ort target's fp32 and int8. Each stage bounded.
 # Output into $OUT: chain.txt (its log, with the host's most memory used), reports.tgz.
 # First run (performance.md, "gpt2-xl's chain across calls"): the call after `start` found a fresh
-# machine (the first had been given back in the gap between the calls), so it ran no further than the
+# machine (the first had been released in the gap between the calls), so it ran no further than the
 # int8 export's start; a chain across calls needs the calls back to back within the machine's idle window.
 set -u
 C=/tmp/chain
@@ -45,7 +45,7 @@ case "$1" in
     ls -la artifacts/xl/onnx*/* artifacts/xl/engines 2>&1 | grep -v "^total"
     tar czf $C/reports.tgz artifacts/xl/reports artifacts/xl/engines/*.json 2>/dev/null
     touch $C/done ;;
-  wait)  # a machine given back between calls comes back bare: no chain to wait on, so say so at once
+  wait)  # a machine released between calls comes back bare: no chain to wait on, so say so at once
     [ -e $C/chain.txt ] || { echo "no chain on this machine (a fresh one): start it again"; exit 1; }
     for i in $(seq $(( $2 / 5 ))); do [ -e $C/done ] && break; sleep 5; done ;;
 esac
