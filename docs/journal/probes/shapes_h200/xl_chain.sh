@@ -15,7 +15,7 @@
 set -u
 C=/tmp/chain
 mkdir -p /tmp/parts $C
-for d in .rtx0 .rtx1 .rtx2; do [ -d $d ] && cp --update=none $d/* /tmp/parts/; done
+for f in .rtx0/* .rtx1/* .rtx2/*; do [ -e "$f" ] && [ ! -e /tmp/parts/${f##*/} ] && cp "$f" /tmp/parts/; done
 X="--preset gpt2-xl --run xl"
 case "$1" in
   start)
@@ -23,7 +23,8 @@ case "$1" in
       && touch /tmp/site/.installed || exit 1
     cp .whl/wheelparts $C/
     nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader > $C/chain.txt
-    setsid nohup taskset -c 4-15 bash "$0" chain >> $C/chain.txt 2>&1 < /dev/null & ;;
+    setsid nohup taskset -c 4-15 bash "$0" chain >> $C/chain.txt 2>&1 < /dev/null &
+    echo $! > $C/pid ;;
   chain)
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=12
     G="python3 -m pipeline.cli"
@@ -47,7 +48,9 @@ case "$1" in
     touch $C/done ;;
   wait)  # a machine released between calls comes back bare: no chain to wait on, so say so at once
     [ -e $C/chain.txt ] || { echo "no chain on this machine (a fresh one): start it again"; exit 1; }
-    for i in $(seq $(( $2 / 5 ))); do [ -e $C/done ] && break; sleep 5; done ;;
+    for i in $(seq $(( $2 / 5 ))); do  # until it is done, or has died without finishing
+      [ -e $C/done ] && break; kill -0 $(cat $C/pid) 2>/dev/null || { echo "the chain ended unfinished"; break; }; sleep 5
+    done ;;
 esac
 [ "$1" = chain ] && exit 0
 cp $C/chain.txt $OUT/ 2>/dev/null; cp $C/reports.tgz $OUT/ 2>/dev/null
