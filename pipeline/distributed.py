@@ -19,6 +19,7 @@ class Ranks:
     rank: int = 0
     world: int = 1
     local: int = 0
+    local_world: int = 1  # the ranks on this host, which share its memory and cores
 
     @property
     def main(self) -> bool:
@@ -27,7 +28,8 @@ class Ranks:
 
 
 def ranks_from_env() -> Ranks:
-    return Ranks(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+    return Ranks(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)),
+                 int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
 
 
 def rank_device(device: torch.device, ranks: Ranks) -> torch.device:

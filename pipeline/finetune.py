@@ -13,7 +13,6 @@ import contextlib
 import itertools
 import json
 import math
-import os
 import shutil
 import signal
 import time
@@ -136,7 +135,7 @@ def _refuse_a_state_that_cannot_fit(cfg: Config, device: torch.device, ranks: Ra
     m = cfg.model
     free = free_memory(device)
     if free is not None and device.type == "cpu":  # ranks on one host share its memory; a GPU is a rank's own
-        free //= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        free //= ranks.local_world
     error = training_state_error(gpt2_parameters(m.n_layer, m.n_embd, m.vocab_size, m.n_positions), free,
                                  ranks.world if cfg.train.sharded else 1, resident=loaded and device.type == "cpu",
                                  device=device.type)
