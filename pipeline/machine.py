@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from pipeline.artifacts import package_versions
+from pipeline.cgroups import memory_headroom
 from pipeline.config import PRESETS, Config
 from pipeline.cores import usable_cores
 
@@ -69,14 +70,17 @@ def cpu_description() -> dict:
 
 def free_memory(device: torch.device) -> int | None:
     """Bytes this process may still take where it computes: a GPU's free memory, or the host's
-    available memory and free swap (Linux); None where the host does not say."""
+    available memory and free swap (Linux), cut to what its control groups' memory limit leaves (a
+    container's --memory); None where neither says."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     try:
         fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines())
-        return sum(int(fields[k].split()[0]) * 1024 for k in ("MemAvailable", "SwapFree") if k in fields)
+        host = sum(int(fields[k].split()[0]) * 1024 for k in ("MemAvailable", "SwapFree") if k in fields)
     except (OSError, ValueError):
-        return None
+        host = None
+    limited = memory_headroom()
+    return min((m for m in (host, limited) if m is not None), default=None)
 
 
 def environment(device: torch.device) -> dict:

@@ -22,9 +22,14 @@ def test_a_stop_signal_mid_write_leaves_nothing_and_says_so(tmp_path, capsys, si
         raise AssertionError("the stage ran to its end")
 
     before = signal.getsignal(signal.SIGTERM)
+    # Python's own SIGINT handler, as a command started from a terminal has (a shell's background job ignores SIGINT)
+    interactive = signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
-    with pytest.raises(typer.Exit) as stopped:
-        stage()
+    try:
+        with pytest.raises(typer.Exit) as stopped:
+            stage()
+    finally:
+        signal.signal(signal.SIGINT, interactive)
     assert stopped.value.exit_code == code and time.monotonic() - started < 5
     assert list(tmp_path.iterdir()) == []  # the temporary folder went with the stop
     out = capsys.readouterr().err

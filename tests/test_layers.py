@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # lowest first; a module matches the first pattern that names it
 LAYERS = [
-    ["pipeline", "pipeline.cores", "pipeline.errors", "pipeline.progress", "pipeline.precisions", "pipeline.contract",
+    ["pipeline", "pipeline.cgroups", "pipeline.cores", "pipeline.errors", "pipeline.progress", "pipeline.precisions", "pipeline.contract",
      "pipeline.distributed"],
     ["pipeline.config"],
     ["pipeline.artifacts", "pipeline.model", "pipeline.tokenizer", "pipeline.training"],
