@@ -52,6 +52,26 @@ def check_onnxruntime() -> list[Finding]:
     return [Finding(dist, "ok", f"{ort.__version__}; providers: {', '.join(providers)}")]
 
 
+def check_host() -> list[Finding]:
+    """The processor and memory the CPU stages get: the cores and memory this process may use, which
+    a container's quota and limit (its control groups) cut below the host's."""
+    import torch
+
+    from pipeline.cgroups import cpu_quota, memory_headroom
+    from pipeline.machine import cpu_description, free_memory
+
+    cpu, quota = cpu_description(), cpu_quota()
+    extensions = cpu["vector_extensions"]
+    cores = f"{cpu['usable_cores']} of {cpu['logical_cores']} cores usable" + (f" (CPU quota {quota:g})" if quota else "")
+    found = [Finding("cpu", "ok", f"{cpu['model']}, {cores}; "
+                     f"{', '.join(extensions) if isinstance(extensions, list) else 'vector extensions unknown'}")]
+    free, limited = free_memory(torch.device("cpu")), memory_headroom()
+    if free is not None:
+        bound = " (the control group's memory limit)" if limited is not None and limited <= free else ""
+        found.append(Finding("memory", "ok", f"{free / 2**30:.1f} GiB free to this process{bound}"))
+    return found
+
+
 def check_tensorrt() -> list[Finding]:
     from pipeline.engines.flavours import FLAVOURS, probe
     return [Finding(f.name, *probe(f)) for f in FLAVOURS]
@@ -65,7 +85,7 @@ def check_simple(component: str, module: str, dist: str, hint: str) -> Finding:
 
 
 def run_checks() -> list[Finding]:
-    findings = check_torch()
+    findings = check_torch() + check_host()
     findings.append(check_simple("transformers", "transformers", "transformers", "pip install transformers"))
     findings.append(check_simple("onnx", "onnx", "onnx", "pip install onnx"))
     findings += check_onnxruntime()

@@ -51,7 +51,7 @@ def test_doctor_reports_components():
     result = runner.invoke(app, ["doctor", "--json"])
     assert result.exit_code == 0
     names = {f["component"] for f in json.loads(result.output)}
-    assert {"torch", "onnx", "tensorrt", "tensorrt_rtx", "modelopt"} <= names
+    assert {"torch", "cpu", "onnx", "tensorrt", "tensorrt_rtx", "modelopt"} <= names
 
 
 def _stage_args(command, cfg, run, *extra):
