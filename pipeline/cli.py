@@ -10,11 +10,10 @@ from typing import Annotated, Optional
 import typer
 
 from pipeline.artifacts import ARTIFACTS_ROOT, RunDir
-from pipeline.cgroups import cpu_quota
 from pipeline.cli_errors import DEBUG, user_errors
 from pipeline.config import PRESETS, Config, load_config, validate_config
 from pipeline.contract import TARGETS
-from pipeline.cores import usable_cores
+from pipeline.cores import hold_torch_to_usable_cores
 from pipeline.errors import UserError
 from pipeline.precisions import PRECISIONS
 from pipeline.progress import console
@@ -44,10 +43,7 @@ PrecisionName = Annotated[str, typer.Option("--precision", help=f"One of {', '.j
 @app.callback()
 def main(debug: Annotated[bool, typer.Option("--debug", metavar="", help="Show tracebacks for errors.")] = False) -> None:
     DEBUG["on"] = debug
-    if cpu_quota() is not None:  # torch's threads follow the affinity, not a container's --cpus
-        import torch
-
-        torch.set_num_threads(min(torch.get_num_threads(), usable_cores()))
+    hold_torch_to_usable_cores()
 
 
 def _setup(preset: str, config: Optional[Path], sets: Optional[list[str]], run: Optional[str], artifacts: Path,

@@ -265,6 +265,7 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
     import torch
 
     from pipeline.artifacts import RunDir
+    from pipeline.cores import hold_torch_to_usable_cores
     from pipeline.machine import model_description
     from pipeline.model import load_checkpoint
     from pipeline.runtime.scheduler import ContinuousScheduler, make_scheduler
@@ -275,6 +276,7 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
     # process group must not kill the requests in flight; the engine ends when the last command pipe closes
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    hold_torch_to_usable_cores()  # a spawned child: the command's setting did not come with it
     results, run = [r for _, r in channels], RunDir(spec.run)
     try:
         backend = open_named_backend(run, spec.backend, spec.precision, torch.device(spec.device))

@@ -1,12 +1,6 @@
 """The control groups' CPU quota and memory limit, read from trees laid out as Linux lays out /proc and
 /sys/fs/cgroup for the usual containers (Docker on cgroup v1 and v2, a Kubernetes pod), and from this host."""
 
-import os
-
-import pytest
-import torch
-
-from pipeline import cores, machine
 from pipeline.cgroups import cpu_quota, group_dirs, memory_headroom
 
 MIB, GIB = 2**20, 2**30
@@ -81,14 +75,3 @@ def test_this_hosts_groups_read_without_error():
     quota, headroom = cpu_quota(), memory_headroom()
     assert quota is None or quota > 0
     assert headroom is None or headroom >= 0
-
-
-@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="process affinity is Linux's")
-def test_the_usable_cores_and_free_memory_take_the_groups_limits(monkeypatch):
-    affinity = len(os.sched_getaffinity(0))
-    monkeypatch.setattr(cores, "cpu_quota", lambda: 0.5)
-    assert cores.usable_cores() == 1
-    monkeypatch.setattr(cores, "cpu_quota", lambda: affinity + 0.5)
-    assert cores.usable_cores() == affinity  # a quota above the cores allowed leaves them
-    monkeypatch.setattr(machine, "memory_headroom", lambda: 123 * MIB)
-    assert machine.free_memory(torch.device("cpu")) == 123 * MIB

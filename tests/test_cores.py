@@ -1,8 +1,10 @@
 import os
 
 import pytest
+import torch
 
-from pipeline.cores import usable_cores
+from pipeline import cores
+from pipeline.cores import hold_torch_to_usable_cores, usable_cores
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="process affinity is Linux's")
@@ -14,3 +16,17 @@ def test_the_usable_cores_are_the_processs_affinity_not_the_hosts():
         assert usable_cores() == 1
     finally:
         os.sched_setaffinity(0, every)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="process affinity is Linux's")
+def test_a_cpu_quota_cuts_the_usable_cores_and_torchs_threads_rounded_up(monkeypatch):
+    affinity, threads = len(os.sched_getaffinity(0)), torch.get_num_threads()
+    monkeypatch.setattr(cores, "cpu_quota", lambda: affinity + 0.5)
+    assert usable_cores() == affinity  # a quota above the cores allowed leaves them
+    monkeypatch.setattr(cores, "cpu_quota", lambda: 0.5)
+    assert usable_cores() == 1
+    try:
+        hold_torch_to_usable_cores()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from pipeline import machine
 from pipeline.config import PRESETS, load_config
 from pipeline.machine import VECTOR_EXTENSIONS, cpu_description, environment, free_memory, model_description, model_line
 
@@ -51,3 +52,10 @@ def test_the_hosts_free_memory_is_its_available_memory_and_free_swap():
     free = free_memory(torch.device("cpu"))
     assert 0 < free <= fields["MemTotal"] + fields.get("SwapTotal", 0)
     assert abs(free - fields["MemAvailable"] - fields.get("SwapFree", 0)) < 2**30  # read moments apart
+
+
+def test_a_control_groups_memory_limit_below_the_hosts_free_memory_is_what_is_free(monkeypatch):
+    monkeypatch.setattr(machine, "memory_headroom", lambda: 123 * 2**20)
+    assert machine.free_memory(torch.device("cpu")) == 123 * 2**20
+    monkeypatch.setattr(machine, "memory_headroom", lambda: 2**60)  # a limit above the host's memory: the host's
+    assert machine.free_memory(torch.device("cpu")) < 2**60
