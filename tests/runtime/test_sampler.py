@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.runtime import sampler
 from pipeline.runtime.sampler import SamplingTable, philox, sample, uniform
 from pipeline.runtime.sampling import Sampling
 
@@ -157,3 +158,11 @@ def test_rows_map_logits_to_table_rows_and_write_into_out():
     assert got is out
     direct = table_of([settings[2], settings[1]], [[0]] * 2, 300)
     assert out.tolist() == sample(logits, direct, positions).tolist()
+
+
+def test_a_row_no_round_accepts_takes_its_argmax_as_the_kernel_does(monkeypatch):
+    monkeypatch.setattr(sampler, "ROUNDS", 1)  # the first draw, nearly always below the argmax, is the only one
+    logits = torch.zeros(64, 1000)
+    logits[:, 500] = 0.01
+    table = table_of([Sampling(do_sample=True, temperature=1.0, top_k=1, seed=7)] * 64, [[0]] * 64, 1000)
+    assert sample(logits, table, torch.arange(64)).tolist() == [500] * 64
