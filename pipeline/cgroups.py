@@ -74,7 +74,7 @@ def _stat(path: Path, key: str) -> int:
     """One counter of a memory.stat file (0 where it is absent)."""
     for line in (_read(path) or "").splitlines():
         name, _, value = line.partition(" ")
-        if name == key:
+        if name == key and value.isdigit():
             return int(value)
     return 0
 
@@ -85,9 +85,12 @@ def cpu_quota(root: Path = Path("/")) -> float | None:
     quotas = []
     for d in group_dirs("cpu", root):
         v2 = _read(d / "cpu.max")  # "max 100000" or "150000 100000"
-        quota, period = v2.split() if v2 else (_read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us"))
-        if quota and period and quota not in ("max", "-1") and int(period) > 0:
-            quotas.append(int(quota) / int(period))
+        try:
+            quota, period = v2.split() if v2 else (_read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us"))
+            if quota and period and quota not in ("max", "-1") and int(period) > 0:
+                quotas.append(int(quota) / int(period))
+        except ValueError:  # a file this reader does not know: no limit it can read there
+            continue
     return min(quotas, default=None)
 
 
@@ -103,7 +106,9 @@ def memory_headroom(root: Path = Path("/")) -> int | None:
         else:
             limit, used = _read(d / "memory.limit_in_bytes"), _read(d / "memory.usage_in_bytes")
             idle = _stat(d / "memory.stat", "total_inactive_file")
-        if not limit or not used or limit == "max" or int(limit) >= NO_LIMIT_V1:
+        try:
+            if limit and used and limit != "max" and int(limit) < NO_LIMIT_V1:
+                headrooms.append(max(0, int(limit) - int(used) + idle))
+        except ValueError:
             continue
-        headrooms.append(max(0, int(limit) - int(used) + idle))
     return min(headrooms, default=None)

@@ -75,3 +75,11 @@ def test_this_hosts_groups_read_without_error():
     quota, headroom = cpu_quota(), memory_headroom()
     assert quota is None or quota > 0
     assert headroom is None or headroom >= 0
+
+
+def test_files_this_reader_does_not_know_read_as_no_limit_rather_than_an_error(tmp_path):
+    root = lay_out(tmp_path, {
+        "proc/self/cgroup": "0::/\n", "proc/self/mountinfo": V2_MOUNT,
+        "sys/fs/cgroup/cpu.max": "150000\n", "sys/fs/cgroup/memory.max": "lots\n",
+        "sys/fs/cgroup/memory.current": "1\n", "sys/fs/cgroup/memory.stat": "inactive_file ?\n"})
+    assert (cpu_quota(root), memory_headroom(root)) == (None, None)
