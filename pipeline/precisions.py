@@ -34,8 +34,8 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("fp32", "float32", False, False, "torch.onnx (dynamo)", Budget(1e-5, 1.0, 1.0, 1e-4), None),
     Precision("fp16", "float16", True, False, "ModelOpt AutoCast of fp32", Budget(5e-3, 0.99, 0.9, 5e-3), (1e-2, 1e-2)),
     Precision("int8", None, True, True, "ModelOpt int8 PTQ (Q/DQ) of fp32", Budget(0.05, 0.95, 0.75, 0.02), (0.15, 0.1)),
-    Precision("int8-wo", None, False, True, "int8 weights behind DequantizeLinear", Budget(0.01, 0.98, 0.9, 0.01),
-              (5e-2, 5e-2)),
+    Precision("int8-wo", None, False, True, "int8 weights per output behind DequantizeLinear, layer norms folded",
+              Budget(0.01, 0.98, 0.9, 0.01), (5e-2, 5e-2)),
 )}
 
 

@@ -56,7 +56,7 @@ def package_triton(run: RunDir, backend: str, precision: str, device: str, name:
     require_checkpoint(run.checkpoint)
     spec.verify(run, precision)
     graphs = exported_graphs(run)
-    runs = [run.checkpoint] + backend_artifacts(run, spec.reads, precision)
+    runs = [run.checkpoint] + backend_artifacts(run, spec.reads_for(precision), precision)
     target = run.root / "triton"
     # the plans as build-engine recorded them: a plan rebuilt under its old name is a change too
     plans = {plan.name: run.artifact_hashes(f"engine-{plan.stem}") for g in graphs for plan in plans_for(run.engines, g)}
@@ -89,7 +89,7 @@ def exported_graphs(run: RunDir) -> list[str]:
 
 
 def backend_artifacts(run: RunDir, reads: str, precision: str) -> list[Path]:
-    """What a backend reading `reads` opens besides the checkpoint (BackendSpec.reads)."""
+    """What a backend reading `reads` opens besides the checkpoint (BackendSpec.reads_for)."""
     if reads == "onnx":
         return [run.onnx(precision)]
     if reads == "onnx-ort":

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # lowest first; a module matches the first pattern that names it
 LAYERS = [
     ["pipeline", "pipeline.cgroups", "pipeline.cores", "pipeline.errors", "pipeline.progress", "pipeline.precisions", "pipeline.contract",
+     "pipeline.int8_weights",
      "pipeline.distributed"],
     ["pipeline.config"],
     ["pipeline.artifacts", "pipeline.model", "pipeline.tokenizer", "pipeline.training"],

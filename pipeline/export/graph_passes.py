@@ -9,7 +9,10 @@ from collections import defaultdict
 
 import numpy as np
 import onnx
+import torch
 from onnx import helper, numpy_helper
+
+from pipeline.int8_weights import INT8_SUFFIX, SCALE_SUFFIX, quantize_rows
 
 MIN_DEDUPE_BYTES = 1024  # small constants are not worth hashing
 
@@ -53,19 +56,18 @@ def _weight_axis(node: onnx.NodeProto) -> int | None:
 
 
 def symmetric_int8(w: np.ndarray, axis: int, top: int = 127) -> tuple[np.ndarray, np.ndarray]:
-    """A 2-D float weight -> (int8 weight, a scale per output channel along `axis`, in w's float type):
-    each channel's absolute maximum maps to `top`, rounded to the nearest integer by the scale as stored."""
-    absmax = np.abs(w.astype(np.float32)).max(axis=1 - axis)
-    scale = np.where(absmax > 0, absmax / top, 1.0).astype(w.dtype)
-    shape = [1, -1] if axis == 1 else [-1, 1]
-    q = np.clip(np.rint(w.astype(np.float32) / scale.astype(np.float32).reshape(shape)), -top, top).astype(np.int8)
-    return q, scale
+    """A 2-D fp32 weight -> (int8 weight, fp32 scale per output channel along `axis`): int8_weights'
+    quantize_rows, the rule every int8 weight of the project follows, on an ONNX weight's layout."""
+    rows = torch.from_numpy(np.array(w.T if axis == 1 else w))  # [out, in], a copy: ONNX's arrays are read-only
+    q, scale = quantize_rows(rows, top=top)
+    return (q.T if axis == 1 else q).contiguous().numpy(), scale.numpy()
 
 
 def quantize_weights_int8(model: onnx.ModelProto) -> int:
-    """Rewrite float 2-D weights of MatMul/Gemm into int8 + per-channel symmetric scales behind a
-    DequantizeLinear. Weights shared with other consumers (the tied embedding) stay as they are,
-    so nothing is stored twice. Returns the number of weights quantised."""
+    """Rewrite fp32 2-D weights of MatMul/Gemm into int8 + per-channel symmetric scales behind a
+    DequantizeLinear, named <weight>_int8 and <weight>_scale (int8_weights reads them back by those
+    names). Weights shared with other consumers (a tied embedding) stay as they are, so nothing is
+    stored twice. Returns the number of weights quantised."""
     inits = {i.name: i for i in model.graph.initializer}
     consumers: dict[str, int] = defaultdict(int)
     for node in model.graph.node:
@@ -77,15 +79,15 @@ def quantize_weights_int8(model: onnx.ModelProto) -> int:
         name = node.input[1] if len(node.input) > 1 else ""
         init = inits.get(name)
         if axis is None or init is None or consumers[name] != 1 or len(init.dims) != 2 or \
-                init.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+                init.data_type != onnx.TensorProto.FLOAT:
             new_nodes.append(node)
             continue
         q, scale = symmetric_int8(numpy_helper.to_array(init), axis)
+        integers, scales, zero = f"{name}{INT8_SUFFIX}", f"{name}{SCALE_SUFFIX}", f"{name}_zero_point"
         model.graph.initializer.remove(init)
-        model.graph.initializer.extend([numpy_helper.from_array(q, f"{name}_int8"),
-                                        numpy_helper.from_array(scale, f"{name}_scale"),
-                                        numpy_helper.from_array(np.zeros_like(q, shape=scale.shape), f"{name}_zero_point")])
-        new_nodes.append(helper.make_node("DequantizeLinear", [f"{name}_int8", f"{name}_scale", f"{name}_zero_point"],
+        model.graph.initializer.extend([numpy_helper.from_array(q, integers), numpy_helper.from_array(scale, scales),
+                                        numpy_helper.from_array(np.zeros_like(q, shape=scale.shape), zero)])
+        new_nodes.append(helper.make_node("DequantizeLinear", [integers, scales, zero],
                                           [f"{name}_dequantized"], name=f"{name}_DequantizeLinear", axis=axis))
         node.input[1] = f"{name}_dequantized"
         new_nodes.append(node)

@@ -5,7 +5,9 @@ activations per tensor (max calibration on held-out text), on the linear layers 
 Measured on the 124M shape, also quantising the MatMuls (attention's two activation x activation
 products and the tied LM head) raised the relative logits error from 0.009 to 0.16; the default
 op set would also quantise the attention-mask add (-3.4e38), which breaks calibration.
-`int8-wo`: weight-only, int8 weights behind DequantizeLinear and float activations."""
+`int8-wo`: weight-only, int8 weights behind DequantizeLinear and float activations, exported from the
+model with its layer norms folded into the products after them and its LM head untied (int8_weights):
+the weights the triton backend's int8-wo decode reads back from this graph."""
 
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ import onnx
 import onnx.version_converter
 
 from pipeline.artifacts import graph_files
-from pipeline.errors import UserError
 from pipeline.export.graph_file import save_graph
 from pipeline.export.graph_passes import dedupe_initializers, quantize_weights_int8
 from pipeline.export.modelopt_support import modelopt
+from pipeline.export.onnx_fp32 import export_fp32
+from pipeline.int8_weights import folded_model
 
 QUANTIZED_OPS = ["Gemm"]
 
@@ -54,8 +57,12 @@ def convert_int8_qdq(fp32_path: Path, out_path: Path, calibration: dict[str, np.
     save_graph(model, out_path)
 
 
-def convert_int8_weight_only(fp32_path: Path, out_path: Path) -> None:
-    model = onnx.load(str(fp32_path))
-    if quantize_weights_int8(model) == 0:
-        raise UserError(f"{fp32_path}: no MatMul/Gemm weights to quantise; is this graph from `gpt2-deploy export`?")
-    save_graph(model, out_path)
+def export_int8_weight_only(model, out_path: Path, opset: int) -> None:
+    """The Hugging Face GPT-2 LM `model` -> the int8-wo graph at out_path: int8_weights.folded_model
+    exported in fp32 beside it, then every weight of a product quantised (the LM head's included)."""
+    with tempfile.TemporaryDirectory(dir=out_path.parent) as tmp:
+        folded = Path(tmp) / out_path.name
+        export_fp32(folded_model(model), folded, opset)
+        graph = onnx.load(str(folded))
+    quantize_weights_int8(graph)
+    save_graph(graph, out_path)

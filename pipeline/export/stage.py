@@ -1,7 +1,8 @@
 """`gpt2-deploy export`: checkpoint -> onnx/{fp32,fp16,int8,int8-wo}/model.onnx (the portable
 target) and onnx-ort/<precision>/ (the ort target: model.onnx, genai_config.json, tokenizer files).
 
-Portable fp32 comes from PyTorch; its other precisions are transforms of the fp32 graph. The ort
+Portable fp32 comes from PyTorch, fp16 and int8 are transforms of the fp32 graph, and int8-wo comes
+from PyTorch too, from the model with its layer norms folded (export/int8.py). The ort
 target's graphs are written from the weights (export/ort_graph.py). Each variant is written into a
 temporary folder, checked (ONNX checker, shape inference, the contract, and a parity run on ONNX
 Runtime against PyTorch) and only then moved into place, so a failed or interrupted export leaves
@@ -33,7 +34,7 @@ from pipeline.export.calibration import calibration_feeds
 from pipeline.export.fp16 import convert_fp16
 from pipeline.export.genai_config import write_genai_folder
 from pipeline.export.graph_file import finish_graph
-from pipeline.export.int8 import convert_int8_qdq, convert_int8_weight_only
+from pipeline.export.int8 import convert_int8_qdq, export_int8_weight_only
 from pipeline.export.onnx_fp32 import export_fp32
 from pipeline.export.ort_graph import GRAPH_VERSION, ORT_GRAPHS, export_ort_graph
 from pipeline.machine import gpt2_parameters
@@ -70,11 +71,13 @@ def _quantize_int8(fp32_path: Path, out: Path, model, calib: np.ndarray, opset: 
 
 
 def _weight_only_int8(fp32_path: Path, out: Path, model, calib: np.ndarray, opset: int) -> None:
-    convert_int8_weight_only(fp32_path, out)
+    export_int8_weight_only(model, out, opset)
 
 
 # how each precision of precisions.PRECISIONS is made: (fp32 graph, output path, model, calibration blocks, opset)
 CONVERTERS = {"fp32": _export_fp32, "fp16": _autocast_fp16, "int8": _quantize_int8, "int8-wo": _weight_only_int8}
+# the precisions made from the fp32 graph: its hash is part of their fingerprint
+FROM_FP32_GRAPH = ("fp16", "int8")
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class Variant:
 
 def _portable(run: RunDir, cfg: Config, precision: str, model, calib: np.ndarray) -> Variant:
     d, fp32 = cfg.data, run.onnx("fp32") / MODEL_FILE
-    fp32_hash = run.artifact_hashes("export-fp32").get(f"onnx/fp32/{MODEL_FILE}") if precision != "fp32" else None
+    fp32_hash = run.artifact_hashes("export-fp32").get(f"onnx/fp32/{MODEL_FILE}") if precision in FROM_FP32_GRAPH else None
     calibration = (d.calib_samples, d.calib_block_size, run.artifact_hashes("data")) if PRECISIONS[precision].calibrated else None
     return Variant((fp32_hash, calibration), lambda out: CONVERTERS[precision](fp32, out, model, calib, cfg.export.opset),
                    precision, PRECISIONS[precision].exporter)

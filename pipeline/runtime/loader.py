@@ -18,6 +18,7 @@ from pipeline.artifacts import RunDir
 from pipeline.contract import ORT, PORTABLE, Contract
 from pipeline.engines.metadata import EngineMeta, plans_for
 from pipeline.errors import UserError
+from pipeline.int8_weights import read_graph_weights
 from pipeline.model import load_checkpoint, require_checkpoint
 from pipeline.precisions import PRECISIONS
 from pipeline.runtime.backend import Backend, BackendUnavailable
@@ -33,26 +34,28 @@ class BackendSpec:
     summary: str  # for help texts
     matrix: tuple[str, ...] | None = None  # the precisions validate and bench run it in (None: all it runs)
     validated: bool = True  # validate runs it (it computes every position's logits of padded prompts)
+    # the precisions whose weights it reads out of the portable graph export wrote (int8_weights)
+    graph_weights: tuple[str, ...] = ()
+
+    def reads_for(self, precision: str) -> str:
+        """The artifact it runs in this precision: `reads`, or the portable graph for graph_weights'."""
+        return "onnx" if precision in self.graph_weights else self.reads
 
     def verify(self, run: RunDir, precision: str) -> None:
         """Refuse an artifact that is not the one this run's stages made (a UserError, whatever the device)."""
-        if self.reads == "onnx":
+        reads = self.reads_for(precision)
+        if reads == "onnx":
             run.require_exported(precision)
-        elif self.reads == "onnx-ort":
+        elif reads == "onnx-ort":
             run.require_exported(precision, ORT)
-        elif self.reads == "engine":
+        elif reads == "engine":
             require_built(run, precision)
 
 
 def _torch_opener(name: str) -> Callable[..., Backend]:
     def open_torch(run: RunDir, precision: str, device: torch.device, model) -> Backend:
         # the class first: a backend that cannot run here says so before the checkpoint is read
-        if name == "triton":
-            check_triton(device)
-            from pipeline.runtime.static.triton_backend import (
-                TritonBackend as backend_class,
-            )
-        elif name == "torch":
+        if name == "torch":
             from pipeline.runtime.dynamic.torch_eager import (
                 TorchEagerBackend as backend_class,
             )
@@ -62,6 +65,15 @@ def _torch_opener(name: str) -> Callable[..., Backend]:
             )
         return backend_class(model if model is not None else load_checkpoint(run.checkpoint), precision, device)
     return open_torch
+
+
+def _open_triton(run: RunDir, precision: str, device: torch.device, model) -> Backend:
+    check_triton(device)  # before the checkpoint is read
+    from pipeline.runtime.static.triton_backend import TritonBackend
+    graph = onnx_path(run, precision) if precision in BACKENDS["triton"].graph_weights else None
+    model = model if model is not None else load_checkpoint(run.checkpoint)
+    int8 = read_graph_weights(graph, model.config) if graph else None
+    return TritonBackend(model, precision, device, int8_weights=int8)
 
 
 def _open_ort(run: RunDir, precision: str, device: torch.device, model) -> Backend:
@@ -100,9 +112,11 @@ BACKENDS: dict[str, BackendSpec] = {b.name: b for b in (
                 "Hugging Face eager, the reference", matrix=("fp16",)),  # fp32 is the reference itself
     BackendSpec("torch-compiled", TORCH_RUNS, ("cpu", "cuda"), "checkpoint", _torch_opener("torch-compiled"),
                 "static cache, torch.compile, CUDA graphs"),
-    # int8-wo: int8 weights (a scale per output) read by the decode kernels, fp16 activations and cache
-    BackendSpec("triton", (*TORCH_RUNS, "int8-wo"), ("cuda",), "checkpoint", _torch_opener("triton"),
-                "static cache, hand-written Triton kernels, CUDA graphs", matrix=("fp16", "int8-wo")),
+    # int8-wo: the int8-wo graph's int8 weights (a scale per output) read by the decode kernels, fp16
+    # activations and cache
+    BackendSpec("triton", (*TORCH_RUNS, "int8-wo"), ("cuda",), "checkpoint", _open_triton,
+                "static cache, hand-written Triton kernels, CUDA graphs", matrix=("fp16", "int8-wo"),
+                graph_weights=("int8-wo",)),
     BackendSpec("ort", tuple(PRECISIONS), ("cpu", "cuda"), "onnx", _open_ort, "ONNX Runtime on the portable graph"),
     BackendSpec("ort-fused", tuple(PRECISIONS), ("cpu", "cuda"), "onnx-ort", _open_ort_fused,
                 "ONNX Runtime on the ort target's fused graph, KV cache in place, CUDA graphs on a GPU"),

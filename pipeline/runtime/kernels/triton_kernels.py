@@ -47,6 +47,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from pipeline.int8_weights import NARROW_WEIGHTS
+
 
 @triton.jit
 def _embed_kernel(token_ptr, position_ptr, wte_ptr, wpe_ptr, x_ptr, C: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -553,23 +555,6 @@ def _k_split(k: int, block_k: int) -> tuple[int, int]:
     return min(128, triton.next_power_of_2(k)), 1
 
 
-# the narrow weight types the products read with a scale per output, and each one's largest value
-NARROW_WEIGHTS = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
-
-
-def quantize_rows(w: torch.Tensor, dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [..., N, K] -> (dtype [..., N, K], fp32 scale [..., N]): each output row symmetric, its absolute
-    maximum at the type's largest value; int8 rounds to the nearest integer, as export's int8-wo graph
-    quantises its weights (export/graph_passes.py), fp8 (e4m3) to the nearest of its values."""
-    top = NARROW_WEIGHTS[dtype]
-    absmax = w.float().abs().amax(-1)
-    scale = torch.where(absmax > 0, absmax / top, torch.ones_like(absmax))
-    scaled = w.float() / scale[..., None]
-    if dtype == torch.int8:
-        scaled = torch.round(scaled)
-    return torch.clamp(scaled, -top, top).to(dtype), scale
-
-
 def dot_precision(dtype: torch.dtype) -> str:
     """tl.dot's input_precision for operands of this dtype: fp32 stays exact (its 1e-5 budget) rather
     than taking TF32; fp16 and bf16 ignore it."""
@@ -590,7 +575,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
     out None only those. config
     overrides the tuned tiles (tests, tuning). pdl: programmatic dependent launch, early: with the next
     launch let start at once rather than after this one's loads (module docstring). scale: fp32 [>= n],
-    with int8 or fp8 w (quantize_rows): each output's scale, applied to the product in registers (the
+    with int8 or fp8 w (int8_weights.quantize_rows): each output's scale, applied to the product in registers (the
     weights are read in one byte each, half fp16's); ln's w_sums are then the scaled weights' sums."""
     m, k = x.shape
     n = w.shape[0] if n is None else n

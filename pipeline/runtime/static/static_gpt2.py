@@ -14,15 +14,10 @@ import torch
 import torch.nn.functional as F
 from transformers import GPT2LMHeadModel
 
+from pipeline.int8_weights import fold_layer_norm
 from pipeline.runtime.kernels.torch_ops import TorchOps
 
 VOCAB_ALIGN = 64
-
-
-def fold_layer_norm(w: torch.Tensor, b: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor):
-    """The layer norm's affine part folded into the linear layer after it (w [..., N, K], b [..., N],
-    gamma and beta [..., K]): (n * gamma + beta) @ w^T + b == n @ (w * gamma)^T + (w @ beta + b)."""
-    return w * gamma[..., None, :], b + (w @ beta[..., :, None])[..., 0]
 
 
 class StaticGPT2(torch.nn.Module):

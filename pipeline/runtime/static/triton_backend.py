@@ -8,6 +8,7 @@ each row's token from the logits by its settings and check it (sampling_kernels)
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.kernels.prefill_kernels import TritonOps
@@ -23,7 +24,6 @@ from pipeline.runtime.kernels.triton_kernels import (
     head_normalized_apart,
     layer_norm,
     layer_norms_apart,
-    quantize_rows,
 )
 from pipeline.runtime.static.static_backend import CacheSlot, StaticCacheBackend
 
@@ -38,13 +38,18 @@ class TritonBackend(StaticCacheBackend):
     prefill_ops = TritonOps
     cache_in_one_buffer = True
 
-    def __init__(self, model, precision: str = "fp16", device="cuda", cuda_graphs: bool | None = None):
+    def __init__(self, model, precision: str = "fp16", device="cuda", cuda_graphs: bool | None = None,
+                 int8_weights: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None):
+        """int8_weights: int8-wo's decode weights, as int8_weights.read_graph_weights reads them from the
+        int8-wo graph (the same integers and scales every int8-wo engine runs)."""
+        if (precision == "int8-wo") != (int8_weights is not None):
+            raise ValueError("int8_weights go with precision int8-wo, and only with it")
         head_dim = model.config.n_embd // model.config.n_head
         if head_dim & (head_dim - 1):  # the attention kernel holds one head in a power-of-two block
             raise BackendUnavailable(f"triton needs a power-of-two head size; this model's is {head_dim}")
         super().__init__(model, ACTIVATIONS[precision], device, cuda_graphs)
         self.precision = precision
-        self.decode_weights = DecodeWeights(self.net, int8=precision == "int8-wo")
+        self.decode_weights = DecodeWeights(self.net, int8_weights)
         # programmatic dependent launch (triton_kernels' docstring) needs Hopper's griddepcontrol
         self.pdl_capable = self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (9, 0)
 
@@ -155,25 +160,24 @@ ACTIVATIONS = {"fp32": "fp32", "fp16": "fp16", "int8-wo": "fp16"}
 
 class DecodeWeights:
     """The decode step's weights, each with what its fused linear takes besides: the float weights
-    (StaticGPT2's, layer norms folded in), or in int8-wo int8 copies with a scale per output
-    (quantize_rows; the prefill keeps the float ones), and for the products after a layer norm each
+    (StaticGPT2's, layer norms folded in), or in int8-wo the int8 ones with a scale per output
+    (int8_weights; the prefill keeps the float ones), and for the products after a layer norm each
     output's weights summed (the tiles normalise after the product: _tile_product)."""
 
-    def __init__(self, net, int8: bool):
-        self.narrow = int8  # one-byte weights: their own tiles (linear_config)
+    def __init__(self, net, int8: dict[str, tuple[torch.Tensor, torch.Tensor]] | None):
+        self.narrow = int8 is not None  # one-byte weights: their own tiles (linear_config)
         self.weights: dict[str, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = {}
         for name, w in (("qkv", net.qkv_w), ("proj", net.proj_w), ("fc", net.fc_w), ("fc2", net.fc2_w),
                         ("head", net.head_w)):
             w = w.detach()
-            if not int8:
+            if int8 is None:
                 self.weights[name] = (w, None, w.sum(-1, dtype=torch.float32))
                 continue
-            q, scale = torch.empty_like(w, dtype=torch.int8), torch.empty(w.shape[:-1], device=w.device)
-            # a layer at a time (the LM head is one): quantize_rows works in fp32, and all of gpt2-xl's
-            # layers at once left gigabytes of fp32 temporaries in the allocator's cache
-            layers = (-1, *w.shape[-2:])
-            for layer, q_layer, scale_layer in zip(w.reshape(layers), q.view(layers), scale.view(layers[:2])):
-                q_layer[:], scale_layer[:] = quantize_rows(layer)
+            q, scale = int8[name]
+            if name == "head":  # StaticGPT2 pads the head's rows (VOCAB_ALIGN): zero rows, scale 1
+                rows = w.shape[0] - q.shape[0]
+                q, scale = F.pad(q, (0, 0, 0, rows)), F.pad(scale, (0, rows), value=1.0)
+            q, scale = q.to(w.device).contiguous(), scale.to(w.device, torch.float32).contiguous()
             # each output's real weights summed: its integers' sum (exact in fp32) times its scale
             self.weights[name] = (q, scale, q.sum(-1, dtype=torch.float32) * scale)
 

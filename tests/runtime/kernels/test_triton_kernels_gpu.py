@@ -11,13 +11,13 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU: on a CPU tests/runtime/static/test_triton_backend.py runs these kernels interpreted",
                 allow_module_level=True)
+from pipeline.int8_weights import quantize_rows  # noqa: E402
 from pipeline.runtime.kernels.triton_kernels import (  # noqa: E402
     LinearConfig,
     attention_config,
     attention_partials,
     decode_attention,
     fused_linear,
-    quantize_rows,
 )
 
 DEVICE = torch.device("cuda")

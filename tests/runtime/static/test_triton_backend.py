@@ -6,6 +6,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from pipeline.accuracy import compare_logits
+from pipeline.export.int8 import export_int8_weight_only
+from pipeline.int8_weights import quantize_rows, read_graph_weights
 from pipeline.precisions import PRECISIONS
 from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.batch import left_pad
@@ -17,7 +19,7 @@ pytest.importorskip("triton")
 
 if torch.cuda.is_available():  # conftest chose the interpreter only where there is no GPU
     pytest.skip("these check the kernels in Triton's interpreter, on a CPU-only machine", allow_module_level=True)
-from pipeline.runtime.kernels.triton_kernels import LinearConfig, fused_linear, quantize_rows  # noqa: E402
+from pipeline.runtime.kernels.triton_kernels import LinearConfig, fused_linear  # noqa: E402
 from pipeline.runtime.static.triton_backend import TritonBackend  # noqa: E402
 
 # Rows of different lengths (left padding), the longest past one 64-slot attention block.
@@ -34,6 +36,19 @@ def model():
             if ".ln_" in name:
                 p.add_(0.2 * torch.randn_like(p))
     return model
+
+
+@pytest.fixture(scope="module")
+def int8_graph(model, tmp_path_factory):
+    """The model's int8-wo graph, as export writes it."""
+    path = tmp_path_factory.mktemp("int8-wo") / "model.onnx"
+    export_int8_weight_only(model, path, 18)
+    return path
+
+
+@pytest.fixture(scope="module")
+def int8_weights(model, int8_graph):
+    return read_graph_weights(int8_graph, model.config)
 
 
 def decode_logits(backend, batch):
@@ -95,27 +110,54 @@ def test_one_byte_weights_read_in_the_kernel_equal_dequantise_then_matmul(rows, 
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8-wo"])
-def test_layer_norms_apart_decode_as_the_fused_ones(model, precision, monkeypatch):
+def test_layer_norms_apart_decode_as_the_fused_ones(model, int8_weights, precision, monkeypatch):
     """Above 16 rows of a model from gpt2-medium's width up, the QKV and fc products take x normalised
     by a launch of their own (forced here for the small model's three rows): the fused norm's logits."""
     from pipeline.runtime.static import triton_backend
     batch = left_pad(PROMPTS, 0, torch.device("cpu"))
-    fused = decode_logits(TritonBackend(model, precision, "cpu"), batch)
+    weights = int8_weights if precision == "int8-wo" else None
+    fused = decode_logits(TritonBackend(model, precision, "cpu", int8_weights=weights), batch)
     monkeypatch.setattr(triton_backend, "layer_norms_apart", lambda rows, width, narrow: True)
-    assert compare_logits(decode_logits(TritonBackend(model, precision, "cpu"), batch), fused)["rel_error"] < 2e-3
+    apart = decode_logits(TritonBackend(model, precision, "cpu", int8_weights=weights), batch)
+    assert compare_logits(apart, fused)["rel_error"] < 2e-3
 
 
-def test_int8_wo_decodes_within_its_budget_and_keeps_the_greedy_tokens(model):
-    """The int8-wo triton backend (int8 weights with a scale per output, fp16 activations) against
-    StaticGPT2 fp32: logits within int8-wo's budget, and the greedy tokens of the fp16 backend."""
+def test_int8_wo_decodes_within_its_budget_and_keeps_the_greedy_tokens(model, int8_weights):
+    """The int8-wo triton backend (the int8-wo graph's weights, fp16 activations) against StaticGPT2
+    fp32: logits within int8-wo's budget, and the greedy tokens of the fp16 backend."""
     batch = left_pad(PROMPTS, 0, torch.device("cpu"))
     reference = decode_logits(TorchCompiledBackend(model, "fp32", "cpu", compile=False), batch)
-    int8 = TritonBackend(model, "int8-wo", "cpu")
+    int8 = TritonBackend(model, "int8-wo", "cpu", int8_weights=int8_weights)
     assert int8.precision == "int8-wo" and int8.decode_weights.of("qkv", 0)[0].dtype == torch.int8
     assert compare_logits(decode_logits(int8, batch), reference)["rel_error"] < PRECISIONS["int8-wo"].budget.max_rel_error
     s = Sampling(max_new_tokens=6)
     fp16 = Generator(TritonBackend(model, "fp16", "cpu"), pad_id=0).generate(PROMPTS, s)
-    assert Generator(TritonBackend(model, "int8-wo", "cpu"), pad_id=0).generate(PROMPTS, s) == fp16
+    assert Generator(TritonBackend(model, "int8-wo", "cpu", int8_weights=int8_weights), pad_id=0).generate(PROMPTS, s) == fp16
+
+
+def test_int8_wo_runs_the_int8_wo_graphs_weights_and_answers_as_onnx_runtime_does_on_it(model, int8_graph, int8_weights):
+    """Like with like: the decode reads the very integers and scales of the graph export wrote, and
+    its logits differ from ONNX Runtime's on that graph by fp16 activations only, far inside the
+    int8-wo budget that each meets against fp32."""
+    from pipeline.contract import Contract
+    from pipeline.runtime.dynamic.ort_backend import OrtBackend
+    triton = TritonBackend(model, "int8-wo", "cpu", int8_weights=int8_weights)
+    for name, (q, scale) in int8_weights.items():
+        w, s, _ = triton.decode_weights.of(name, None)
+        assert torch.equal(w[..., :q.shape[-2], :], q) and torch.equal(s[..., :q.shape[-2]], scale)
+    batch = left_pad(PROMPTS, 0, torch.device("cpu"))
+    graph = OrtBackend(int8_graph, Contract.from_hf_config(model.config), "int8-wo", torch.device("cpu"), 128)
+    ort_logits = decode_logits(graph, batch)
+    reference = decode_logits(TorchCompiledBackend(model, "fp32", "cpu", compile=False), batch)
+    against_ort = compare_logits(decode_logits(triton, batch), ort_logits)["rel_error"]
+    assert against_ort < 2e-3 and against_ort < compare_logits(ort_logits, reference)["rel_error"] / 2
+
+
+def test_int8_wo_needs_its_graphs_weights(model, int8_weights):
+    with pytest.raises(ValueError, match="int8_weights go with precision int8-wo"):
+        TritonBackend(model, "int8-wo", "cpu")
+    with pytest.raises(ValueError, match="int8_weights go with precision int8-wo"):
+        TritonBackend(model, "fp16", "cpu", int8_weights=int8_weights)
 
 
 def test_greedy_generation_matches(model):
@@ -392,3 +434,36 @@ def test_a_row_that_joined_at_a_late_column_reads_its_own_slots_after_the_rows_s
     assert max(firsts) >= 40 and min(firsts) == 0  # it joined blocks in, and the shift brought it to the front
     reference = Generator(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0)
     assert [[t[0] for t in got[:-1]] for got in steps] == [reference.generate(*job)[0] for job in jobs]
+
+
+
+def test_the_opener_runs_the_runs_int8_wo_graph_and_nothing_else(exported_run, tmp_path):
+    """The triton row's int8-wo reads the graph export wrote (its opener, called here past the device
+    check, which wants a GPU), checked against the manifest: an edited graph is refused in one line,
+    a missing one names the command that makes it."""
+    import onnx
+
+    from pipeline.errors import UserError
+    from pipeline.model import load_checkpoint
+    from pipeline.runtime.loader import BACKENDS
+    from tests.conftest import copy_run
+
+    _, run, _ = exported_run
+    spec, cpu = BACKENDS["triton"], torch.device("cpu")
+    assert spec.reads_for("int8-wo") == "onnx" and spec.reads_for("fp16") == "checkpoint"
+    weights = read_graph_weights(run.onnx("int8-wo") / "model.onnx", load_checkpoint(run.checkpoint).config)
+    backend = spec.open(run, "int8-wo", cpu, None)
+    for name, (q, scale) in weights.items():
+        w, s, _ = backend.decode_weights.of(name, None)
+        assert torch.equal(w[..., :q.shape[-2], :], q) and torch.equal(s[..., :q.shape[-2]], scale)
+
+    changed = copy_run(run, tmp_path / "changed")
+    path = changed.onnx("int8-wo") / "model.onnx"
+    graph = onnx.load(path)
+    graph.doc_string = "edited by hand"
+    onnx.save(graph, path)
+    with pytest.raises(UserError, match="not the int8-wo graph export wrote .its sha256 differs"):
+        spec.verify(changed, "int8-wo")
+    path.unlink()
+    with pytest.raises(BackendUnavailable, match="no onnx/int8-wo graph in .*: run `gpt2-deploy export`"):
+        spec.open(changed, "int8-wo", cpu, None)

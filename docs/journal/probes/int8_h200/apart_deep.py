@@ -15,7 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deep_tiles  # noqa: E402
 import weights_left  # noqa: E402
-from graph_timing import graph_us, sweep_times  # noqa: E402
+from graph_timing import graph_us, open_triton, sweep_times  # noqa: E402
 
 WIDTH, ROWS = 1024, 64
 
@@ -57,7 +57,6 @@ def step(chosen: dict) -> None:
     from pipeline.config import PRESETS
     from pipeline.runtime.kernels import triton_kernels
     from pipeline.runtime.static import triton_backend
-    from pipeline.runtime.static.triton_backend import TritonBackend
     tiles, apart = triton_kernels.linear_config, triton_kernels.layer_norms_apart
 
     def apart_rule(m, width, narrow=False):
@@ -80,7 +79,7 @@ def step(chosen: dict) -> None:
     for round_, precision in itertools.product((1, 2), ("fp16", "int8-wo")):
         for variant, rules in (("shipped", (tiles, apart)), ("apart, deep tiles", (apart_tiles, apart_rule))):
             use(*rules)
-            backend = TritonBackend(model, precision, "cuda")
+            backend = open_triton(model, precision)
             print(f"gpt2-medium {precision} {variant} {round_}: ms a step at batch 64: {step_ms(backend, 64):.3f}", flush=True)
             del backend
             torch.cuda.empty_cache()

@@ -13,6 +13,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shapes_h200"))
+from graph_timing import open_triton  # noqa: E402
 from step_ab import step_ms  # noqa: E402
 from step_breakdown import kernel_shares  # noqa: E402
 
@@ -22,7 +23,6 @@ from pipeline.runtime.kernels import triton_kernels  # noqa: E402
 from pipeline.runtime.kernels.triton_kernels import LinearConfig  # noqa: E402
 from pipeline.runtime.sampling import Sampling  # noqa: E402
 from pipeline.runtime.static import triton_backend  # noqa: E402
-from pipeline.runtime.static.triton_backend import TritonBackend  # noqa: E402
 
 SHIPPED, SHIPPED_APART = triton_kernels.linear_config, triton_backend.layer_norms_apart
 LEFT = {"left 128x4": LinearConfig(64, 64, 128, stages=4, weights_left=True),
@@ -39,7 +39,7 @@ def rule(tile: LinearConfig | None):
 
 
 def profiled(model, precision: str) -> str:
-    backend = TritonBackend(model, precision, "cuda")
+    backend = open_triton(model, precision)
     backend.pdl_capable = False  # each launch's time its own
     prompts = torch.randint(0, 50000, (64, 128)).numpy()
     generator, steps = Generator(backend), Sampling(max_new_tokens=32, stop_tokens=())
@@ -66,7 +66,7 @@ def main() -> None:
                 # over 64 rows would not fit its registers
                 triton_backend.layer_norms_apart = (lambda m, width, narrow=False: m > 16) if tile else SHIPPED_APART
                 try:
-                    backend = TritonBackend(model, precision, "cuda")
+                    backend = open_triton(model, precision)
                     line = f"{preset} {name} {round_}: b64 step {step_ms(backend, 64):.3f} ms"
                     del backend
                     if round_ == 1:

@@ -55,7 +55,8 @@ def run(job, repeats: int = 0):
     """Launch one product under its tiles (compiling it); with repeats, its time a launch in us."""
     import torch
 
-    from pipeline.runtime.kernels.triton_kernels import fused_linear, head_normalized_apart, quantize_rows
+    from pipeline.int8_weights import quantize_rows
+    from pipeline.runtime.kernels.triton_kernels import fused_linear, head_normalized_apart
     c, m, name, dtype, cfg = job
     n, k, residual = shape(c, name)
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02

@@ -14,7 +14,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shapes_h200"))
-from graph_timing import graph_us, sweep_times  # noqa: E402
+from graph_timing import graph_us, open_triton, sweep_times  # noqa: E402
 
 WIDTHS = (768, 1024, 1280, 1600)
 ROWS = (8, 64)
@@ -65,7 +65,8 @@ def run(job, repeats: int = 0):
     sixth item in the job, where there is one, says whether x comes normalised apart."""
     import torch
 
-    from pipeline.runtime.kernels.triton_kernels import fused_linear, quantize_rows
+    from pipeline.int8_weights import quantize_rows
+    from pipeline.runtime.kernels.triton_kernels import fused_linear
     c, m, name, dtype, cfg, *apart = job
     n, k, residual = shape(c, name)
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
@@ -117,7 +118,6 @@ def step(chosen_path: str, presets: list[str]) -> None:
     from pipeline.config import PRESETS as SHAPES
     from pipeline.runtime.kernels import triton_kernels
     from pipeline.runtime.kernels.triton_kernels import LinearConfig
-    from pipeline.runtime.static.triton_backend import TritonBackend
     with open(chosen_path) as f:
         chosen = json.load(f)
     shipped = triton_kernels.linear_config
@@ -136,7 +136,7 @@ def step(chosen_path: str, presets: list[str]) -> None:
             for precision, (rule_name, rule) in itertools.product(("fp16", "int8-wo"), (("shipped", shipped),
                                                                                       ("chosen", chosen_tiles))):
                 triton_kernels.linear_config = rule
-                backend = TritonBackend(model, precision, "cuda")
+                backend = open_triton(model, precision)
                 times = [step_ms(backend, b) for b in (8, 64)]
                 print(f"{preset} {precision} {rule_name} {round_}: ms a step at batch 8 / 64: "
                       + " / ".join(f"{t:.3f}" for t in times), flush=True)

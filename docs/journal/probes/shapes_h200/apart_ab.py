@@ -15,7 +15,7 @@ import itertools
 import os
 import sys
 
-from graph_timing import graph_us, sweep_times
+from graph_timing import graph_us, open_triton, sweep_times
 
 WIDTHS = (768, 1024, 1280, 1600)
 ROWS = (8, 64)
@@ -46,7 +46,8 @@ def run(job, repeats: int = 0):
     tiles, compiling it; with repeats, its time a launch in us."""
     import torch
 
-    from pipeline.runtime.kernels.triton_kernels import fused_linear, quantize_rows
+    from pipeline.int8_weights import quantize_rows
+    from pipeline.runtime.kernels.triton_kernels import fused_linear
     c, m, name, dtype, fused, cfg = job
     n, k = PRODUCTS[name] * c, c
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
@@ -105,7 +106,6 @@ def step_ab(chosen, presets):
     from pipeline.runtime.kernels import triton_kernels
     from pipeline.runtime.kernels.triton_kernels import AttentionConfig
     from pipeline.runtime.static import triton_backend
-    from pipeline.runtime.static.triton_backend import TritonBackend
     tiles, shares, apart = triton_kernels.linear_config, triton_kernels.attention_config, triton_kernels.layer_norms_apart
 
     def rows(m):
@@ -147,7 +147,7 @@ def step_ab(chosen, presets):
                 current[0] = "int8" if precision == "int8-wo" else "fp16"
                 for name, rules in variants.items():
                     use(*rules)
-                    backend = TritonBackend(model, precision, "cuda")
+                    backend = open_triton(model, precision)
                     times = [step_ms(backend, b) for b in (1, 8, 64)]
                     print(f"{preset} {precision} {name} {round_}: " + " / ".join(f"{t:.3f}" for t in times), flush=True)
                     del backend

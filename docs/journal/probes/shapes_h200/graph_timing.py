@@ -1,5 +1,5 @@
-"""What the sweeps here share: compiling their kernels in a pool, and a kernel's time a launch from a
-CUDA graph of its launches replayed."""
+"""What the sweeps here share: compiling their kernels in a pool, a kernel's time a launch from a
+CUDA graph of its launches replayed, and the triton backend opened on a model with no run folder."""
 
 import multiprocessing
 import os
@@ -31,3 +31,19 @@ def sweep_times(run, todo: list, repeats: int) -> dict:
         built = pool.map(run, todo, chunksize=4)
     print(f"{len(todo)} kernels, {sum(b == 'ok' for b in built)} built", flush=True)
     return {job: run(job, repeats=repeats) for job, b in zip(todo, built) if b == "ok"}
+
+
+def open_triton(model, precision: str):
+    """TritonBackend on the GPU over a (host) model; in int8-wo its weights as the int8-wo graph holds
+    them (the folded model quantised per output: tests/export/test_int8.py), without writing the graph."""
+    from pipeline.int8_weights import folded_model, quantize_rows
+    from pipeline.runtime.static.triton_backend import TritonBackend
+    int8 = None
+    if precision == "int8-wo":
+        folded = folded_model(model)
+        products = {"qkv": lambda b: b.attn.c_attn, "proj": lambda b: b.attn.c_proj, "fc": lambda b: b.mlp.c_fc,
+                    "fc2": lambda b: b.mlp.c_proj}
+        int8 = {name: quantize_rows(torch.stack([of(b).weight.t() for b in folded.transformer.h]))
+                for name, of in products.items()}
+        int8["head"] = quantize_rows(folded.lm_head.weight)
+    return TritonBackend(model, precision, "cuda", int8_weights=int8)

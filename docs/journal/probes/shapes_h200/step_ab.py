@@ -14,6 +14,7 @@ import sys
 import time
 
 import torch
+from graph_timing import open_triton
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from pipeline.config import PRESETS
@@ -77,7 +78,7 @@ def main() -> None:
             for name, (precision, rule, attention) in variants.items():
                 triton_kernels.linear_config = rule  # fused_linear reads the module's name at each call
                 triton_kernels.attention_config = triton_backend.attention_config = attention
-                backend = TritonBackend(model, precision, "cuda")
+                backend = open_triton(model, precision)
                 times = [step_ms(backend, b) for b in (1, 8, 64)]
                 print(f"{preset} {name} {round_}: ms a step at batch 1 / 8 / 64: " + " / ".join(f"{t:.3f}" for t in times),
                       flush=True)

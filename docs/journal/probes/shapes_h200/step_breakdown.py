@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from graph_timing import graph_us, sweep_times
+from graph_timing import graph_us, open_triton, sweep_times
 
 PRESETS = sys.argv[1:] or ["gpt2-medium", "gpt2-large", "gpt2-xl"]
 HEADS = {"gpt2": 12, "gpt2-medium": 16, "gpt2-large": 20, "gpt2-xl": 25}
@@ -34,14 +34,13 @@ def breakdown(preset: str, precision: str) -> None:
     from pipeline.config import PRESETS as SHAPES
     from pipeline.runtime.generate import Generator
     from pipeline.runtime.sampling import Sampling
-    from pipeline.runtime.static.triton_backend import TritonBackend
 
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = GPT2LMHeadModel(GPT2Config(**SHAPES[preset].get("model", {}))).half().eval()
     model = model.cpu()
     for pdl in (False, True):
-        backend = TritonBackend(model, precision, "cuda")
+        backend = open_triton(model, precision)
         backend.pdl_capable = pdl
         for batch in BATCHES:
             prompts = torch.randint(0, 50000, (batch, 128)).numpy()
