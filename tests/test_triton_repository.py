@@ -55,6 +55,18 @@ def test_the_repository_holds_the_generation_model_every_graph_and_plan_and_is_u
     assert "up to date" in capsys.readouterr().out and (repository / "README.md").stat().st_ino == before
 
 
+def test_triton_int8_wo_carries_the_graph_its_weights_come_from(engines, tmp_path):
+    """The triton backend's int8-wo reads its weights from the int8-wo graph (BackendSpec.graph_weights):
+    the generation model's run holds that graph beside the checkpoint; fp16 needs only the checkpoint."""
+    _, run, _ = engines
+    run = copy_run(run, tmp_path / "run")
+    for precision, graph in (("int8-wo", True), ("fp16", False)):
+        repository = package_triton(run, "triton", precision, "cuda", "gpt2", max_rows=8, force=True)
+        carried = repository / "gpt2" / "1" / "run"
+        assert (carried / "checkpoint" / "config.json").is_file()
+        assert (carried / "onnx" / "int8-wo" / "model.onnx").is_file() == graph, precision
+
+
 def tensors(text: str) -> dict[str, tuple[str, list[int]]]:
     return {m[0]: (m[1], [int(d) for d in m[2].split(",")])
             for m in re.findall(r'name: "([^"]+)" data_type: (\w+) dims: \[ ([-\d, ]+) \]', text)}
