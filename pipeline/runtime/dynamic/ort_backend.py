@@ -51,7 +51,7 @@ def session_options(fuse_qdq: bool, config: dict[str, str] | None = None):
                                         else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
     if not fuse_qdq:
         # and folds each weight's DequantizeLinear into a float weight once, at load: the same values,
-        # where ONNX Runtime otherwise dequantises every weight again each run (8x slower a step at
+        # where ONNX Runtime otherwise dequantises every weight again each run (5-7x slower a step at
         # gpt2; docs/journal/performance.md, "One set of int8-wo weights")
         options.add_session_config_entry("session.disable_quant_qdq", "1")
     options.intra_op_num_threads = usable_cores()
