@@ -3,7 +3,6 @@
 import json
 
 import numpy as np
-import onnx
 import pytest
 
 from pipeline.errors import UserError
@@ -11,7 +10,7 @@ from pipeline.export.calibration import calibration_feeds
 from pipeline.export.int8 import convert_int8_qdq
 from pipeline.model import load_checkpoint
 from pipeline.validate import failed, validate
-from tests.conftest import copy_run
+from tests.conftest import copy_run, copy_with_edited_graph
 
 CPU = __import__("torch").device("cpu")
 
@@ -53,11 +52,7 @@ def test_int8_calibrated_on_garbage_fails(exported_run, tmp_path):
 
 def test_graph_that_does_not_match_the_manifest_is_refused(exported_run, tmp_path):
     cfg, run, _ = exported_run
-    changed = copy_run(run, tmp_path / "changed")
-    path = changed.onnx("int8-wo") / "model.onnx"
-    graph = onnx.load(path)
-    graph.doc_string = "edited by hand"
-    onnx.save(graph, path)
+    changed = copy_with_edited_graph(run, tmp_path / "changed", "int8-wo")
     with pytest.raises(UserError, match="not the int8-wo graph export wrote .its sha256 differs"):
         validate(cfg, changed, CPU, pairs=[("ort", "int8-wo")])
 

@@ -441,12 +441,10 @@ def test_the_opener_runs_the_runs_int8_wo_graph_and_nothing_else(exported_run, t
     """The triton row's int8-wo reads the graph export wrote (its opener, called here past the device
     check, which wants a GPU), checked against the manifest: an edited graph is refused in one line,
     a missing one names the command that makes it."""
-    import onnx
-
     from pipeline.errors import UserError
     from pipeline.model import load_checkpoint
     from pipeline.runtime.loader import BACKENDS
-    from tests.conftest import copy_run
+    from tests.conftest import copy_with_edited_graph
 
     _, run, _ = exported_run
     spec, cpu = BACKENDS["triton"], torch.device("cpu")
@@ -457,13 +455,9 @@ def test_the_opener_runs_the_runs_int8_wo_graph_and_nothing_else(exported_run, t
         w, s, _ = backend.decode_weights.of(name, None)
         assert torch.equal(w[..., :q.shape[-2], :], q) and torch.equal(s[..., :q.shape[-2]], scale)
 
-    changed = copy_run(run, tmp_path / "changed")
-    path = changed.onnx("int8-wo") / "model.onnx"
-    graph = onnx.load(path)
-    graph.doc_string = "edited by hand"
-    onnx.save(graph, path)
+    changed = copy_with_edited_graph(run, tmp_path / "changed", "int8-wo")
     with pytest.raises(UserError, match="not the int8-wo graph export wrote .its sha256 differs"):
         spec.verify(changed, "int8-wo")
-    path.unlink()
+    (changed.onnx("int8-wo") / "model.onnx").unlink()
     with pytest.raises(BackendUnavailable, match="no onnx/int8-wo graph in .*: run `gpt2-deploy export`"):
         spec.open(changed, "int8-wo", cpu, None)
