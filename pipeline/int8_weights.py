@@ -74,6 +74,7 @@ def read_graph_weights(path: Path, config) -> dict[str, tuple[torch.Tensor, torc
     weight of LAYER_WEIGHTS (int8 [L, N, K], fp32 scale [L, N]) and "head" (int8 [V, K], scale [V]).
     Read from the graph's DequantizeLinear nodes, whose axis says which axis of a stored weight is
     its output."""
+    import numpy as np
     import onnx
     from onnx import helper, numpy_helper
     graph = onnx.load(str(path)).graph
@@ -85,9 +86,10 @@ def read_graph_weights(path: Path, config) -> dict[str, tuple[torch.Tensor, torc
         if not integers.endswith(INT8_SUFFIX) or integers not in initializers:
             continue
         axis = helper.get_attribute_value(next(a for a in node.attribute if a.name == "axis"))
-        q = torch.from_numpy(numpy_helper.to_array(initializers[integers]).copy())
-        q = (q.t() if axis == 1 else q).contiguous()  # [out, in]
-        scale = torch.from_numpy(numpy_helper.to_array(initializers[integers[:-len(INT8_SUFFIX)] + SCALE_SUFFIX]).copy()).float()
+        stored = numpy_helper.to_array(initializers[integers])
+        q = torch.from_numpy(np.array(stored.T if axis == 1 else stored, order="C"))  # [out, in], one copy
+        scales = numpy_helper.to_array(initializers[integers[:-len(INT8_SUFFIX)] + SCALE_SUFFIX])
+        scale = torch.from_numpy(np.array(scales, dtype=np.float32))
         for name, pattern in LAYER_WEIGHTS.items():
             match = re.fullmatch(rf"(?:.+\.)?{pattern}{INT8_SUFFIX}", integers)
             if match:
