@@ -75,7 +75,7 @@ doctor: install
 
 # two processes, then the server tests alone: their queue and timeout windows are wall-clock
 # seconds that the other process's load can close (a full-queue test once got 200 for its 429)
-SERIAL_TESTS = tests/serve tests/test_loadtest.py
+SERIAL_TESTS = tests/serve
 test: lint
 	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile $(SERIAL_TESTS:%=--ignore=%)
 	$(VENV)/bin/python -m pytest -q $(SERIAL_TESTS)

@@ -56,7 +56,7 @@ def _relaunch_on_ranks(nproc: int) -> None:
     """With --nproc N above 1 outside torchrun: this command again, once per rank, under torchrun's
     launcher; exits with the ranks' exit code."""
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
-        from pipeline.distributed import launch
+        from pipeline.train.distributed import launch
 
         argv = [a for i, a in enumerate(sys.argv[1:]) if not (a.startswith("--nproc") or sys.argv[i] == "--nproc")]
         raise typer.Exit(launch(nproc, argv))
@@ -72,7 +72,7 @@ def finetune(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = No
              nproc: Annotated[int, typer.Option(min=1, help="Processes (one per GPU), started through torchrun with "
                                                 "DistributedDataParallel; train.batch_size is per process.")] = 1) -> None:
     """Fine-tune GPT-2 (AMP, activation checkpointing, gradient accumulation, torch.compile, DDP)."""
-    from pipeline.finetune import finetune as run_finetune
+    from pipeline.train.finetune import finetune as run_finetune
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts, model_source=model)
     with rundir.exclusive("finetune"):
@@ -299,7 +299,7 @@ def package(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = Non
             name: Annotated[str, typer.Option(help="The generation model's name; the raw graphs' start with it.")] = "gpt2",
             max_rows: Annotated[int, typer.Option(min=1, help="Prompts the generation model decodes at once.")] = 64) -> None:
     """Package the run for an inference server: <run>/triton, a model repository Triton Inference Server loads."""
-    from pipeline.triton_repository import package_triton
+    from pipeline.tritonserver.repository import package_triton
 
     if fmt != "triton":
         raise UserError(f"--format {fmt}: the one format is triton")
@@ -313,7 +313,7 @@ def package(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = Non
 def triton_server(repository: Annotated[Path, typer.Argument(help="A repository from `package --format triton`.")],
                   http_port: Port = 8000, grpc_port: Port = 8001, metrics_port: Port = 8002) -> None:
     """Start Triton Inference Server (nvidia-pytriton's tritonserver) on a repository's generation model."""
-    from pipeline.triton_server import run_server
+    from pipeline.tritonserver.server import run_server
 
     run_server(repository, http_port, grpc_port, metrics_port)
 
@@ -338,8 +338,8 @@ def loadtest(url: Annotated[str, typer.Argument(help="The server, e.g. http://12
              triton_model: Annotated[Optional[str], typer.Option(help="A Triton server's model: its generate_stream.")] = None,
              out: Annotated[Path, typer.Option(help="Folder for loadtest.json, .md and .png.")] = ARTIFACTS_ROOT / "loadtest") -> None:
     """Measure a running server as clients see it: throughput, time to first token, inter-token latency."""
-    from pipeline.loadtest import LoadSettings, write_reports
-    from pipeline.loadtest import loadtest as run_loadtest
+    from serve.loadtest import LoadSettings, write_reports
+    from serve.loadtest import loadtest as run_loadtest
 
     try:
         levels = [int(c) for c in concurrency.split(",") if c.strip()]
@@ -359,7 +359,7 @@ def profile(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = Non
             artifacts: Artifacts = ARTIFACTS_ROOT,
             steps: Annotated[int, typer.Option(min=1, help="Training steps to record.")] = 3) -> None:
     """Profile a few training steps: a Chrome trace and a top-ops table in reports/profile/."""
-    from pipeline.profiling import profile_training
+    from pipeline.train.profiling import profile_training
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
     with rundir.exclusive("profile"):
@@ -376,9 +376,9 @@ def train_bench(preset: Preset = "gpt2", config: ConfigFile = None, sets: Sets =
                 nproc: Annotated[int, typer.Option(min=1, help="Ranks (one per GPU) through torchrun, as finetune "
                                                    "runs them; the report adds rank 0 alone and the scaling efficiency.")] = 1) -> None:
     """Benchmark training throughput, memory and MFU per setting (on one device, or on --nproc ranks)."""
-    from pipeline.distributed import ranks_from_env
-    from pipeline.train_bench import report
-    from pipeline.train_bench import train_bench as run_bench
+    from pipeline.train.bench import report
+    from pipeline.train.bench import train_bench as run_bench
+    from pipeline.train.distributed import ranks_from_env
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
     _relaunch_on_ranks(nproc)

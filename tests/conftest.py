@@ -56,7 +56,7 @@ def exported_run(tmp_path_factory, corpus_file):
     pytest.importorskip("modelopt.onnx.quantization", reason="fp16/int8 export needs the [quant] extra")
     from pipeline.artifacts import RunDir
     from pipeline.export.stage import export
-    from pipeline.finetune import finetune
+    from pipeline.train.finetune import finetune
 
     cfg = load_config("tiny", overrides=MICRO + [f"data.source={corpus_file}", "model.n_positions=256", "train.steps=20",
                                                  "train.lr=3e-3"])

@@ -18,7 +18,7 @@ import torch
 from pipeline.artifacts import RunDir
 from pipeline.config import load_config
 from pipeline.export.stage import export
-from pipeline.finetune import finetune
+from pipeline.train.finetune import finetune
 from pipeline.validate import failed, validate
 
 pytest.importorskip("modelopt.onnx.quantization", reason="fp16/int8 export needs the [quant] extra")

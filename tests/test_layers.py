@@ -11,23 +11,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# lowest first; a module matches the first pattern that names it
+# lowest first; a module matches the first pattern that names it. Folders are layers where they can
+# be: training (pipeline/train/) and Triton Inference Server (pipeline/tritonserver/) are stages,
+# the runtime one layer, serve/ the top beside the CLI (docs/design.md draws the same map).
 LAYERS = [
-    ["pipeline", "pipeline.cgroups", "pipeline.cores", "pipeline.errors", "pipeline.progress", "pipeline.precisions", "pipeline.contract",
-     "pipeline.int8_weights",
-     "pipeline.distributed"],
+    ["pipeline", "pipeline.cgroups", "pipeline.cores", "pipeline.errors", "pipeline.progress", "pipeline.precisions",
+     "pipeline.contract", "pipeline.int8_weights"],
     ["pipeline.config"],
-    ["pipeline.artifacts", "pipeline.model", "pipeline.tokenizer", "pipeline.training"],
+    ["pipeline.artifacts", "pipeline.model", "pipeline.tokenizer"],
     ["pipeline.data", "pipeline.engines", "pipeline.engines.flavours", "pipeline.engines.metadata",
      "pipeline.engines.profiles", "pipeline.engines.builder"],
     ["pipeline.runtime", "pipeline.runtime.*"],
     ["pipeline.accuracy", "pipeline.machine"],
-    ["pipeline.finetune", "pipeline.profiling", "pipeline.train_bench", "pipeline.export", "pipeline.export.*",
-     "pipeline.engines.stage", "pipeline.validate", "pipeline.polygraphy_check", "pipeline.bench",
-     "pipeline.bench_report", "pipeline.doctor", "pipeline.loadtest", "pipeline.triton_repository",
-     "pipeline.triton_model", "pipeline.triton_server"],
+    ["pipeline.train", "pipeline.train.*", "pipeline.export", "pipeline.export.*", "pipeline.engines.stage",
+     "pipeline.validate", "pipeline.polygraphy_check", "pipeline.bench", "pipeline.bench_report", "pipeline.doctor",
+     "pipeline.tritonserver", "pipeline.tritonserver.*"],
     ["pipeline.cli", "pipeline.cli_errors", "serve", "serve.*"],
 ]
+# packages only the CLI (and each package itself) may import: the commands they serve are the CLI's
+CLI_ONLY = ["pipeline.train", "pipeline.tritonserver"]
 
 
 def module_name(path: Path) -> str:
@@ -75,6 +77,45 @@ def test_export_and_the_runtime_do_not_import_each_other():
         for a, b in (("pipeline.export", "pipeline.runtime"), ("pipeline.runtime", "pipeline.export")):
             if here.startswith(a):
                 assert not [m for m in imports if m.startswith(b)], f"{here} imports {b}"
+
+
+@pytest.mark.parametrize("package", CLI_ONLY)
+def test_only_the_cli_imports_these_packages(package):
+    for path in SOURCES:
+        here = module_name(path)
+        if here == "pipeline.cli" or here == package or here.startswith(package + "."):
+            continue
+        into = sorted(m for m in project_imports(path) if m == package or m.startswith(package + "."))
+        assert not into, f"{here} imports {into}: only pipeline.cli may"
+
+
+def test_no_two_modules_import_each_other():
+    """Layers allow imports within a layer; a circle there (a imports b, b imports a, lazily or not)
+    still ties two rooms into one."""
+    graph = {module_name(path): {m for m in project_imports(path) if m != module_name(path)} for path in SOURCES}
+
+    def circle_from(start: str) -> list[str] | None:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            here, trail = stack.pop()
+            for there in graph.get(here, ()):
+                if there == start:
+                    return trail + [start]
+                if there not in seen:
+                    seen.add(there)
+                    stack.append((there, trail + [there]))
+        return None
+
+    circles = [c for m in graph if (c := circle_from(m))]
+    assert not circles, f"import circle: {' -> '.join(circles[0])}"
+
+
+def test_no_module_imports_another_modules_private_names():
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("pipeline", "serve"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{module_name(path)} imports {private} from {node.module}: make them public there"
 
 
 def test_every_module_has_a_layer():

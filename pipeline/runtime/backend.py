@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import torch
 
 from pipeline.runtime.batch import Batch
-from pipeline.runtime.sampler import SamplingTable
+from pipeline.runtime.sampling_table import SamplingTable
 
 
 class Backend:

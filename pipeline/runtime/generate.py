@@ -11,8 +11,9 @@ import torch
 from pipeline.errors import UserError
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.batch import Prompts, left_pad
-from pipeline.runtime.sampler import SamplingTable, sample
+from pipeline.runtime.sampler import sample
 from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.sampling_table import SamplingTable
 
 
 def check_length(prompt_len: int, max_new_tokens: int, limit: int, option: str = "max_new_tokens") -> None:

@@ -1,6 +1,6 @@
 """One prompt's generated tokens as text, as a client is sent it: stop tokens, stop strings that may
 arrive split over tokens, and the length, shared by the HTTP server (serve.streaming) and the Triton
-Inference Server model (pipeline.triton_model)."""
+Inference Server model (pipeline.tritonserver.model)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from pipeline.runtime import sampler
-from pipeline.runtime.sampler import SamplingTable, philox, sample, uniform
+from pipeline.runtime.sampler import philox, sample, uniform
 from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.sampling_table import SamplingTable
 
 DRAWS = 20000
 

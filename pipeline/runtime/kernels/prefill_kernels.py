@@ -20,8 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
+from pipeline.runtime.kernels.linear_kernels import normalized_rows
+from pipeline.runtime.kernels.tiles import dot_precision
 from pipeline.runtime.kernels.torch_ops import TorchOps
-from pipeline.runtime.kernels.triton_kernels import dot_precision, normalized_rows
 
 # the causal attention's tiles: queries (and keys) a program takes at a time, warps, pipeline depth;
 # the fastest of the sweep on an H200 (docs/journal/decode_notes_h200.md)

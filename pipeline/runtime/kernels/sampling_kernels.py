@@ -12,7 +12,7 @@ top_p) or takes the next rounds itself from those masses, reading only blocks ab
 So a step reads each row's logits about twice, spread over the GPU: the check by one program walking
 every block took 28 us a row over an untrained model's flat logits (docs/journal/performance.md).
 With `advance` (the triton backend's sampled step) the last program then does the greedy step's tail
-(triton_kernels._advance_row)."""
+(step_tail.advance_row)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.language.random import philox
 
-from pipeline.runtime.kernels.triton_kernels import _advance_row, _row_inputs
-from pipeline.runtime.sampler import BLOCK, DRAW, FLOATS, INTS, ROUNDS, SamplingTable
+from pipeline.runtime.kernels.step_tail import advance_row, row_inputs
+from pipeline.runtime.sampling_table import BLOCK, DRAW, FLOATS, INTS, ROUNDS, SamplingTable
 
 
 @triton.jit
@@ -239,9 +239,9 @@ def _check_kernel(logits_ptr, logits_stride, rows_ptr, positions_ptr, floats_ptr
                 if penalized != 0:
                     tl.atomic_add(counts_row + token, 1)
                 if ADVANCE:
-                    step, start, next_position, e, c = _row_inputs(row, step_ptr, start_ptr, positions_ptr, advance_ptr,
+                    step, start, next_position, e, c = row_inputs(row, step_ptr, start_ptr, positions_ptr, advance_ptr,
                                                                    wpe_ptr, POSITIONS, C, BLOCK_C, True)
-                    _advance_row(row, token, step, start, next_position, e, c, out_ptr, tokens_ptr, row_stride,
+                    advance_row(row, token, step, start, next_position, e, c, out_ptr, tokens_ptr, row_stride,
                                  step_stride, step_ptr, positions_ptr, start_ptr, slot_mask_ptr, arrivals_ptr, wte_ptr,
                                  x_ptr, B, T, C, True)
                 else:
@@ -252,7 +252,7 @@ def sample_rows(logits: torch.Tensor, table: SamplingTable, positions: torch.Ten
                 out: torch.Tensor | None = None, advance: dict | None = None, pdl: bool = False) -> torch.Tensor:
     """sampler.sample on a GPU: logits [n, V] (rows contiguous), positions [n] -> tokens [n] int64, into `out`.
     advance: the triton backend's step tail, {token [B, 1], tokens [B, N], step, advance, start,
-    slot_mask, arrivals, wte, wpe, x} as triton_kernels.greedy_advance takes them; then `positions` is the
+    slot_mask, arrivals, wte, wpe, x} as step_tail.greedy_advance takes them; then `positions` is the
     slot's position [B, 1], advanced in place, and the token goes to `token`. pdl as fused_linear."""
     n, vocab = logits.shape
     if advance is None:

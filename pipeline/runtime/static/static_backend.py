@@ -22,7 +22,8 @@ from pipeline.precisions import torch_dtype
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.batch import Batch
 from pipeline.runtime.kernels.torch_ops import TorchOps
-from pipeline.runtime.sampler import SamplingTable, sample
+from pipeline.runtime.sampler import sample
+from pipeline.runtime.sampling_table import SamplingTable
 from pipeline.runtime.static.static_gpt2 import StaticGPT2
 
 CACHE_ROUNDING = 256

@@ -1,6 +1,6 @@
 """Hand-written kernels: the prefill is StaticGPT2's forward in a CUDA graph per prompt shape, with
 its elementwise work fused (prefill_kernels); each decode step is five Triton kernels per layer
-(triton_kernels) captured into one CUDA graph, with attention that reads only the filled part of
+(linear_kernels, decode_attention) captured into one CUDA graph, with attention that reads only the filled part of
 the cache; a greedy step adds one launch that picks the token from the LM head's per-program
 maxima, advances the step's inputs and embeds the next step's token; a sampled step, two that draw
 each row's token from the logits by its settings and check it (sampling_kernels) and do the same."""
@@ -11,20 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.runtime.backend import BackendUnavailable
+from pipeline.runtime.kernels.decode_attention import decode_attention
+from pipeline.runtime.kernels.linear_kernels import embed, fused_linear, layer_norm
 from pipeline.runtime.kernels.prefill_kernels import TritonOps
 from pipeline.runtime.kernels.sampling_kernels import sample_rows
-from pipeline.runtime.kernels.triton_kernels import (
-    argmax_partials,
-    attention_config,
-    attention_partials,
-    decode_attention,
-    embed,
-    fused_linear,
-    greedy_advance,
-    head_normalized_apart,
-    layer_norm,
-    layer_norms_apart,
-)
+from pipeline.runtime.kernels.step_tail import greedy_advance
+from pipeline.runtime.kernels.tiles import argmax_partials, attention_config, attention_partials, head_normalized_apart, layer_norms_apart
 from pipeline.runtime.static.static_backend import CacheSlot, StaticCacheBackend
 
 
@@ -50,7 +42,7 @@ class TritonBackend(StaticCacheBackend):
         super().__init__(model, ACTIVATIONS[precision], device, cuda_graphs)
         self.precision = precision
         self.decode_weights = DecodeWeights(self.net, int8_weights)
-        # programmatic dependent launch (triton_kernels' docstring) needs Hopper's griddepcontrol
+        # programmatic dependent launch (the kernels package docstring) needs Hopper's griddepcontrol
         self.pdl_capable = self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (9, 0)
 
     def linear(self, x, name: str, layer: int | None, out, **options) -> None:
@@ -61,7 +53,7 @@ class TritonBackend(StaticCacheBackend):
         fused_linear(x, w, out, scale=scale, **options)
 
     def streams_weights(self, batch: int) -> bool:
-        """Whether every launch lets the next start at once (triton_kernels' docstring: early) rather
+        """Whether every launch lets the next start at once (the kernels package docstring: early) rather
         than only the QKV launch: only at batch 1, where each row product requests its weights before
         it waits; larger batches' tiles request nothing before their wait, so an early start only
         holds multiprocessors the launches before need (measured: docs/journal/performance.md)."""

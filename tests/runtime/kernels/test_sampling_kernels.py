@@ -7,11 +7,12 @@ import dataclasses
 import pytest
 import torch
 
-from pipeline.runtime.sampler import SamplingTable, sample_reference
+from pipeline.runtime.sampler import sample_reference
 from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.sampling_table import BLOCK, SamplingTable
 
 pytest.importorskip("triton")
-from pipeline.runtime.kernels.sampling_kernels import BLOCK, sample_rows  # noqa: E402
+from pipeline.runtime.kernels.sampling_kernels import sample_rows  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -19,7 +19,8 @@ pytest.importorskip("triton")
 
 if torch.cuda.is_available():  # conftest chose the interpreter only where there is no GPU
     pytest.skip("these check the kernels in Triton's interpreter, on a CPU-only machine", allow_module_level=True)
-from pipeline.runtime.kernels.triton_kernels import LinearConfig, fused_linear  # noqa: E402
+from pipeline.runtime.kernels.linear_kernels import fused_linear  # noqa: E402
+from pipeline.runtime.kernels.tiles import LinearConfig  # noqa: E402
 from pipeline.runtime.static.triton_backend import TritonBackend  # noqa: E402
 
 # Rows of different lengths (left padding), the longest past one 64-slot attention block.
@@ -60,8 +61,8 @@ def decode_logits(backend, batch):
     return backend.decode(torch.arange(11, 11 + rows)[:, None], batch.position_ids[:, -1:] + 1)[:, None].clone()
 
 
-# one row takes the row-product kernels, several the tensor-core tiles (triton_kernels.linear_config),
-# more than 16 an LM head whose input a launch of its own normalises (triton_kernels.head_normalized_apart)
+# one row takes the row-product kernels, several the tensor-core tiles (tiles.linear_config),
+# more than 16 an LM head whose input a launch of its own normalises (tiles.head_normalized_apart)
 @pytest.mark.parametrize("rows", [1, 3, 20])
 @pytest.mark.parametrize("precision, budget", [("fp32", 1e-5), ("fp16", 5e-3)])
 def test_decode_step_matches_static_gpt2(model, precision, budget, rows):
@@ -188,7 +189,8 @@ def test_a_head_size_the_kernels_cannot_hold_is_refused():
 @pytest.mark.parametrize("block_m", [1, 16])  # row products (K slices of 96, 48 and 32: masked past 48), tiles
 @pytest.mark.parametrize("split_k", [1, 2, 3])
 def test_split_k_adds_each_slice_and_the_bias_once(split_k, block_m):
-    from pipeline.runtime.kernels.triton_kernels import LinearConfig, fused_linear
+    from pipeline.runtime.kernels.linear_kernels import fused_linear
+    from pipeline.runtime.kernels.tiles import LinearConfig
     torch.manual_seed(1)
     x, w, bias = torch.randn(3, 96), torch.randn(48, 96), torch.randn(48)
     residual = torch.randn(3, 48)
@@ -201,7 +203,8 @@ def test_split_k_adds_each_slice_and_the_bias_once(split_k, block_m):
 @pytest.mark.parametrize("block_m, weights_left", [(1, False), (16, False), (16, True)])
 def test_layer_norm_and_gelu_over_several_k_chunks(block_m, weights_left):
     """The norm's weight and bias folded into the product, as StaticGPT2 folds them."""
-    from pipeline.runtime.kernels.triton_kernels import LinearConfig, fused_linear
+    from pipeline.runtime.kernels.linear_kernels import fused_linear
+    from pipeline.runtime.kernels.tiles import LinearConfig
     torch.manual_seed(3)
     x, w, bias = 3.0 + 2.0 * torch.randn(5, 96), torch.randn(40, 96) / 10, torch.randn(40)
     gamma, beta = 1.0 + torch.randn(96) / 5, torch.randn(96) / 5
@@ -217,7 +220,8 @@ def test_layer_norm_and_gelu_over_several_k_chunks(block_m, weights_left):
 def test_layer_norm_keeps_fp16_precision_for_rows_far_off_centre():
     """A row far off centre or with an outlier keeps fp16 precision: the tiles cast x minus a
     reference near its mean for the product, the row products centre x before its variance."""
-    from pipeline.runtime.kernels.triton_kernels import LinearConfig, fused_linear
+    from pipeline.runtime.kernels.linear_kernels import fused_linear
+    from pipeline.runtime.kernels.tiles import LinearConfig
     torch.manual_seed(4)
     x, w = 0.5 * torch.randn(4, 128), (torch.randn(64, 128) / 10).half()
     x[0] += 300.0
@@ -230,7 +234,7 @@ def test_layer_norm_keeps_fp16_precision_for_rows_far_off_centre():
 
 
 def test_layer_norm_launch_matches_pytorch_in_the_output_dtype():
-    from pipeline.runtime.kernels.triton_kernels import layer_norm
+    from pipeline.runtime.kernels.linear_kernels import layer_norm
     torch.manual_seed(5)
     x = 0.5 * torch.randn(5, 48)  # 48: masked past it in a 64-wide block
     x[0] += 300.0
@@ -241,13 +245,14 @@ def test_layer_norm_launch_matches_pytorch_in_the_output_dtype():
 
 
 def test_a_layer_norm_needs_one_weight_sum_per_row_of_w():
-    from pipeline.runtime.kernels.triton_kernels import fused_linear
+    from pipeline.runtime.kernels.linear_kernels import fused_linear
     with pytest.raises(ValueError, match="w_sums is \\(64,\\): it must be w.float\\(\\).sum\\(1\\)"):
         fused_linear(torch.randn(1, 64), torch.randn(16, 64), torch.empty(1, 16), ln=(torch.ones(64), 1e-5))
 
 
 def test_split_k_needs_a_residual_fp32_output():
-    from pipeline.runtime.kernels.triton_kernels import LinearConfig, fused_linear
+    from pipeline.runtime.kernels.linear_kernels import fused_linear
+    from pipeline.runtime.kernels.tiles import LinearConfig
     with pytest.raises(ValueError, match="split_k=2 needs a residual fp32 output"):
         fused_linear(torch.randn(1, 64), torch.randn(16, 64), torch.empty(1, 16), config=LinearConfig(16, 16, 32, 2))
 
@@ -265,11 +270,8 @@ def test_attention_over_several_blocks_and_splits(block_t, splits, slot, filled,
     share, last slot), whether the shares split the cache or each row's filled slots (read from the
     block that holds the row's first slot: the slots before that block are never read, live or not),
     and the arrival counters are left at zero for the next launch."""
-    from pipeline.runtime.kernels.triton_kernels import (
-        AttentionConfig,
-        attention_partials,
-        decode_attention,
-    )
+    from pipeline.runtime.kernels.decode_attention import decode_attention
+    from pipeline.runtime.kernels.tiles import AttentionConfig, attention_partials
     torch.manual_seed(2)
     b, h, t, d = 2, 2, 64, 16
     q, k, v = torch.randn(b, h * d), torch.randn(b, h, t, d), torch.randn(b, h, t, d)
@@ -296,11 +298,9 @@ def test_greedy_advance_takes_the_first_largest_column_and_moves_the_inputs_on(b
     the token, its column of the output, the position, the slot mask, start and step all advance, and
     the next step's input embedding is written; a row whose advance is 0 (a free row of the serving
     scheduler) keeps its position."""
-    from pipeline.runtime.kernels.triton_kernels import (
-        LinearConfig,
-        fused_linear,
-        greedy_advance,
-    )
+    from pipeline.runtime.kernels.linear_kernels import fused_linear
+    from pipeline.runtime.kernels.step_tail import greedy_advance
+    from pipeline.runtime.kernels.tiles import LinearConfig
     torch.manual_seed(5)
     x, w = torch.randn(3, 32), torch.randn(100, 32)
     x[0] = 1.0

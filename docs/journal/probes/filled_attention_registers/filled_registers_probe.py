@@ -13,11 +13,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "serve_h200_row_first
 from attention_filled_probe import gpu_us  # noqa: E402
 from attention_filled_variants import launch  # noqa: E402
 
-from pipeline.runtime.kernels.triton_kernels import (  # noqa: E402
-    AttentionConfig,
-    _decode_attention_kernel,
-    attention_config,
-)
+from pipeline.runtime.kernels.decode_attention import _decode_attention_kernel  # noqa: E402
+from pipeline.runtime.kernels.tiles import AttentionConfig, attention_config  # noqa: E402
 
 H, D, SLOT, LENGTH = 12, 64, 200, 2048
 dev = torch.device("cuda")

@@ -19,7 +19,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "serve_h200_row_first_slot"))
 from attention_filled_variants import patched_kernels  # noqa: E402
 
-from pipeline.runtime.kernels.triton_kernels import _decode_attention_kernel  # noqa: E402
+from pipeline.runtime.kernels.decode_attention import _decode_attention_kernel  # noqa: E402
 
 SIGNATURE = {"q_ptr": "*fp16", "k_cache_ptr": "*fp16", "v_cache_ptr": "*fp16", "slot_mask_ptr": "*i1",
              "slot_ptr": "*i64", "first_ptr": "*i64", "out_ptr": "*fp16", "partial_ptr": "*fp32",

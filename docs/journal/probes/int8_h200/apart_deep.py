@@ -21,7 +21,7 @@ WIDTH, ROWS = 1024, 64
 
 
 def jobs():
-    from pipeline.runtime.kernels.triton_kernels import linear_config
+    from pipeline.runtime.kernels.tiles import linear_config
     for name, dtype in itertools.product(("qkv", "fc"), ("fp16", "int8")):
         n, k, _ = weights_left.shape(WIDTH, name)
         yield WIDTH, ROWS, name, dtype, linear_config(ROWS, n, k, False, dtype == "int8"), False
@@ -33,7 +33,7 @@ def sweep() -> dict:
     """-> {(product, dtype): best apart tiles}, each line: fused shipped, best apart, the norm launch."""
     import torch
 
-    from pipeline.runtime.kernels.triton_kernels import layer_norm
+    from pipeline.runtime.kernels.linear_kernels import layer_norm
     x, normed = torch.randn(ROWS, WIDTH, device="cuda"), torch.empty(ROWS, WIDTH, device="cuda", dtype=torch.float16)
     norm = graph_us(lambda i: layer_norm(x, normed, 1e-5), 20, 20)
     found = {}
@@ -55,9 +55,9 @@ def step(chosen: dict) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from pipeline.config import PRESETS
-    from pipeline.runtime.kernels import triton_kernels
+    from pipeline.runtime.kernels import tiles as tile_tables
     from pipeline.runtime.static import triton_backend
-    tiles, apart = triton_kernels.linear_config, triton_kernels.layer_norms_apart
+    tiles, apart = tile_tables.linear_config, tile_tables.layer_norms_apart
 
     def apart_rule(m, width, narrow=False):
         return apart(m, width, narrow) or (m > 16 and width == WIDTH)
@@ -69,7 +69,7 @@ def step(chosen: dict) -> None:
         return tiles(m, n, k, residual, narrow, fp32)
 
     def use(linear, norms):
-        triton_kernels.linear_config, triton_kernels.layer_norms_apart = linear, norms
+        tile_tables.linear_config, tile_tables.layer_norms_apart = linear, norms
         triton_backend.layer_norms_apart = norms
 
     torch.manual_seed(0)

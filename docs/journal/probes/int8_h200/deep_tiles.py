@@ -17,7 +17,7 @@ ROWS = 64
 
 
 def deep_tiles(k: int, residual: bool):
-    from pipeline.runtime.kernels.triton_kernels import LinearConfig, _k_split
+    from pipeline.runtime.kernels.tiles import LinearConfig, _k_split
     for bn, bk, stages, left in itertools.product((32, 64), (128, 256), (4, 6), (False, True)):
         if left and bn < 64:  # the left operand's rows are wgmma's 64
             continue
@@ -28,7 +28,7 @@ def deep_tiles(k: int, residual: bool):
 
 
 def jobs():
-    from pipeline.runtime.kernels.triton_kernels import linear_config
+    from pipeline.runtime.kernels.tiles import linear_config
     for c, name, dtype in itertools.product(weights_left.WIDTHS, weights_left.PRODUCTS, ("int8", "fp16")):
         if name == "head":
             continue

@@ -19,12 +19,12 @@ from step_breakdown import kernel_shares  # noqa: E402
 
 from pipeline.config import PRESETS  # noqa: E402
 from pipeline.runtime.generate import Generator  # noqa: E402
-from pipeline.runtime.kernels import triton_kernels  # noqa: E402
-from pipeline.runtime.kernels.triton_kernels import LinearConfig  # noqa: E402
+from pipeline.runtime.kernels import tiles as tile_tables  # noqa: E402
+from pipeline.runtime.kernels.tiles import LinearConfig  # noqa: E402
 from pipeline.runtime.sampling import Sampling  # noqa: E402
 from pipeline.runtime.static import triton_backend  # noqa: E402
 
-SHIPPED, SHIPPED_APART = triton_kernels.linear_config, triton_backend.layer_norms_apart
+SHIPPED, SHIPPED_APART = tile_tables.linear_config, triton_backend.layer_norms_apart
 LEFT = {"left 128x4": LinearConfig(64, 64, 128, stages=4, weights_left=True),
         "left 128x6": LinearConfig(64, 64, 128, stages=6, weights_left=True),
         "left 256x3": LinearConfig(64, 64, 256, stages=3, weights_left=True)}
@@ -61,7 +61,7 @@ def main() -> None:
         model = model.cpu()
         for round_ in (1, 2):
             for name, (precision, tile) in variants.items():
-                triton_kernels.linear_config = rule(tile)
+                tile_tables.linear_config = rule(tile)
                 # a 64-row tile over normalised x, as fp16's from 1,024 wide: the fused norm's statistics
                 # over 64 rows would not fit its registers
                 triton_backend.layer_norms_apart = (lambda m, width, narrow=False: m > 16) if tile else SHIPPED_APART
@@ -75,7 +75,7 @@ def main() -> None:
                     line = f"{preset} {name} {round_}: {type(e).__name__}: {str(e)[:120]}"
                 print(line, flush=True)
                 torch.cuda.empty_cache()
-        triton_kernels.linear_config, triton_backend.layer_norms_apart = SHIPPED, SHIPPED_APART
+        tile_tables.linear_config, triton_backend.layer_norms_apart = SHIPPED, SHIPPED_APART
         del model
 
 

@@ -11,7 +11,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from pipeline.runtime.kernels import triton_kernels
+from pipeline.runtime.kernels import linear_kernels
 
 POINTERS = {"x_ptr": None, "w_ptr": None, "b_ptr": "*fp16", "out_ptr": None, "w_sums_ptr": "*fp32",
             "scale_ptr": "*fp32", "k_cache_ptr": "*fp16", "v_cache_ptr": "*fp16", "slot_ptr": "*i64",
@@ -28,10 +28,10 @@ def compiled(weights: str, tile: tuple[int, int, int, int], left: bool, ln: bool
                   W_LEFT=left)
     types = {**POINTERS, **SCALARS, "x_ptr": "*fp32" if ln else "*fp16", "w_ptr": "*i8" if weights == "int8" else "*fp16",
              "out_ptr": "*fp32" if residual else "*fp16"}
-    names = triton_kernels._fused_linear_kernel.arg_names
+    names = linear_kernels._fused_linear_kernel.arg_names
     signature = {name: "constexpr" if name in consts else types[name] for name in names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names) if name in POINTERS}
-    kernel = triton.compile(ASTSource(triton_kernels._fused_linear_kernel, signature, consts, attrs=aligned),
+    kernel = triton.compile(ASTSource(linear_kernels._fused_linear_kernel, signature, consts, attrs=aligned),
                             target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=stages))
     ptx = kernel.asm["ptx"]
     return dict(wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),

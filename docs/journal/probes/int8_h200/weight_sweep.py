@@ -26,7 +26,7 @@ def shape(c: int, name: str) -> tuple[int, int, bool]:
 
 
 def candidates(m: int, n: int, k: int, residual: bool, narrow: bool):
-    from pipeline.runtime.kernels.triton_kernels import LinearConfig, linear_config
+    from pipeline.runtime.kernels.tiles import LinearConfig, linear_config
     yield linear_config(m, n, k, residual, narrow)
     splits = [s for s in (1, 2, 4, 5, 6, 8) if k % s == 0 and k // s >= 64] if residual else [1]
     if m == 1:
@@ -56,7 +56,8 @@ def run(job, repeats: int = 0):
     import torch
 
     from pipeline.int8_weights import quantize_rows
-    from pipeline.runtime.kernels.triton_kernels import fused_linear, head_normalized_apart
+    from pipeline.runtime.kernels.linear_kernels import fused_linear
+    from pipeline.runtime.kernels.tiles import head_normalized_apart
     c, m, name, dtype, cfg = job
     n, k, residual = shape(c, name)
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02

@@ -37,12 +37,12 @@ def product_of(n: int, k: int, residual: bool) -> str:
 
 
 def normalised_apart(m: int, c: int, name: str) -> bool:
-    from pipeline.runtime.kernels.triton_kernels import head_normalized_apart, layer_norms_apart
+    from pipeline.runtime.kernels.tiles import head_normalized_apart, layer_norms_apart
     return head_normalized_apart(m) if name == "head" else name in ("qkv", "fc") and layer_norms_apart(m, c)
 
 
 def left_tiles(m: int, k: int, residual: bool):
-    from pipeline.runtime.kernels.triton_kernels import LinearConfig, _k_split
+    from pipeline.runtime.kernels.tiles import LinearConfig, _k_split
     block_k = 128 if k % 128 == 0 else 64
     splits = sorted({1, _k_split(k, block_k)[1]}) if residual else [1]
     for bm, bn, split, stages in itertools.product((16,) if m <= 16 else (32, 64), (64, 128), splits, (3, 4)):
@@ -50,7 +50,7 @@ def left_tiles(m: int, k: int, residual: bool):
 
 
 def jobs():
-    from pipeline.runtime.kernels.triton_kernels import linear_config
+    from pipeline.runtime.kernels.tiles import linear_config
     for c, m, name in itertools.product(WIDTHS, ROWS, PRODUCTS):
         n, k, residual = shape(c, name)
         for dtype in ("int8", "fp16"):
@@ -66,7 +66,7 @@ def run(job, repeats: int = 0):
     import torch
 
     from pipeline.int8_weights import quantize_rows
-    from pipeline.runtime.kernels.triton_kernels import fused_linear
+    from pipeline.runtime.kernels.linear_kernels import fused_linear
     c, m, name, dtype, cfg, *apart = job
     n, k, residual = shape(c, name)
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
@@ -116,11 +116,11 @@ def step(chosen_path: str, presets: list[str]) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from pipeline.config import PRESETS as SHAPES
-    from pipeline.runtime.kernels import triton_kernels
-    from pipeline.runtime.kernels.triton_kernels import LinearConfig
+    from pipeline.runtime.kernels import tiles as tile_tables
+    from pipeline.runtime.kernels.tiles import LinearConfig
     with open(chosen_path) as f:
         chosen = json.load(f)
-    shipped = triton_kernels.linear_config
+    shipped = tile_tables.linear_config
 
     def chosen_tiles(m, n, k, residual, narrow=False, fp32=False):
         name = product_of(n, k, residual)
@@ -135,14 +135,14 @@ def step(chosen_path: str, presets: list[str]) -> None:
         for round_ in (1, 2):
             for precision, (rule_name, rule) in itertools.product(("fp16", "int8-wo"), (("shipped", shipped),
                                                                                       ("chosen", chosen_tiles))):
-                triton_kernels.linear_config = rule
+                tile_tables.linear_config = rule
                 backend = open_triton(model, precision)
                 times = [step_ms(backend, b) for b in (8, 64)]
                 print(f"{preset} {precision} {rule_name} {round_}: ms a step at batch 8 / 64: "
                       + " / ".join(f"{t:.3f}" for t in times), flush=True)
                 del backend
                 torch.cuda.empty_cache()
-        triton_kernels.linear_config = shipped
+        tile_tables.linear_config = shipped
         del model
 
 

@@ -2,9 +2,15 @@
 `loadtest` module (its `closed_loop`) in this process, against a stand-in server in another process
 that streams chunks shaped as `serve`'s /v1/completions chunks (continuous usage) at a fixed pace per
 connection, so that the client alone is measured. From the repository root:
-`python docs/journal/probes/loadtest_client/client_cost_probe.py pipeline/loadtest.py [CLIENTS] [SECONDS] [PACE_MS]`
+`python docs/journal/probes/loadtest_client/client_cost_probe.py serve/loadtest.py [CLIENTS] [SECONDS] [PACE_MS]`
 (the first argument: the loadtest module to take the clients from, so an older copy compares)."""
-import asyncio, importlib.util, json, multiprocessing, random, sys, time
+import asyncio
+import importlib.util
+import json
+import multiprocessing
+import random
+import sys
+import time
 
 TOKENS = 128
 

@@ -4,9 +4,18 @@
 It needs an environment of its own: optimum-onnx 0.1.0 requires transformers < 4.58, the pipeline
 runs on 5.x. `python3 -m venv v && v/bin/pip install torch==2.13.0 "transformers<4.58"
 "optimum-onnx[onnxruntime]==0.1.0" && v/bin/python optimum_bench.py RUN/checkpoint`"""
-import json, statistics, sys, time
-import numpy as np, torch, onnxruntime, optimum, transformers
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+import onnxruntime
+import optimum
+import torch
+import transformers
 from optimum.onnxruntime import ORTModelForCausalLM
+
 ckpt = sys.argv[1]
 t = time.perf_counter()
 model = ORTModelForCausalLM.from_pretrained(ckpt, export=True, use_cache=True)

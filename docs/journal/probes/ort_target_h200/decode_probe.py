@@ -7,14 +7,15 @@ two parts run as two scripts). Needs onnxruntime-gpu; from the
 repository root: `PYTHONPATH=. python docs/journal/probes/ort_target_h200/decode_probe.py`."""
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
-from pathlib import Path
 import torch
+from onnx import helper, numpy_helper
 from transformers import GPT2Config, GPT2LMHeadModel
-from pipeline.contract import Contract, ORT
+
+from pipeline.contract import ORT, Contract
 from pipeline.export.ort_graph import export_ort_graph
 from pipeline.runtime.dynamic.ort_fused import OrtFusedBackend
 from pipeline.runtime.generate import Generator
@@ -79,7 +80,8 @@ def ops_only(n=300):
 print("torch ops + stream switch host ms/step %.4f" % ops_only())
 
 # kernels in one uncaptured decode step
-from torch.profiler import profile, ProfilerActivity
+from torch.profiler import ProfilerActivity, profile
+
 with profile(activities=[ProfilerActivity.CUDA]) as prof:
     be.session.run_with_iobinding(c.decode_binding, be.prefill_options)  # not captured: its kernels show
     torch.cuda.synchronize()
@@ -87,6 +89,7 @@ ev = [e for e in prof.events() if e.device_type.name == "CUDA"]
 tot = sum(e.device_time for e in ev)
 print("uncaptured step: %d kernels, %.1f us GPU total" % (len(ev), tot))
 from collections import Counter
+
 agg = Counter()
 for e in ev: agg[e.name[:60]] += e.device_time
 for k, v in agg.most_common(12): print("  %7.1f us  %s" % (v, k))

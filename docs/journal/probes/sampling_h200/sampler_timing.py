@@ -6,8 +6,9 @@ python3 docs/journal/probes/sampling_h200/sampler_timing.py"""
 
 import torch
 
-from pipeline.runtime.sampler import SamplingTable, sample
+from pipeline.runtime.sampler import sample
 from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.sampling_table import SamplingTable
 
 SETTINGS = {"greedy": Sampling(), "t0.8 top_p0.95": Sampling(do_sample=True, temperature=0.8, top_p=0.95, seed=1),
             "t1.0": Sampling(do_sample=True, temperature=1.0, seed=2),

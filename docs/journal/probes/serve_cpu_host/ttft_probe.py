@@ -2,7 +2,12 @@
 tokens, greedy) against a running server, the first 10 dropped. Used with `gpt2-deploy serve --preset
 tiny --run timing --device cpu --backend torch-compiled --precision fp32 --port 8123` on a 2-core CPU:
 `python docs/journal/probes/serve_cpu_host/ttft_probe.py hi`."""
-import time, httpx, statistics, json, sys
+import statistics
+import sys
+import time
+
+import httpx
+
 url = "http://127.0.0.1:8123/v1/completions"
 prompt = sys.argv[1] if len(sys.argv) > 1 else "hi"
 with httpx.Client(timeout=30) as c:

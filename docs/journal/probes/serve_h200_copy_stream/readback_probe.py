@@ -3,13 +3,18 @@ with each way of reading a step's tokens back: none, an event per step (as bench
 page-locked memory and an event on the compute stream (the serving scheduler before this change), the
 copy on a stream of its own (after). From the repository root, on a GPU:
 `python docs/journal/probes/serve_h200_copy_stream/readback_probe.py RUN_DIR` (a run `finetune` wrote)."""
-import statistics, sys, time
+import statistics
+import sys
+import time
 from pathlib import Path
+
 import torch
+
 sys.path.insert(0, ".")
 from pipeline.artifacts import RunDir
 from pipeline.runtime.batch import left_pad
 from pipeline.runtime.session import open_named_backend
+
 run = Path(sys.argv[1])
 dev = torch.device("cuda")
 b = open_named_backend(RunDir(run), "triton", "fp16", dev)

@@ -1,5 +1,7 @@
 """Summarise a py-spy raw record (`py-spy record --threads -f raw`): samples per thread, the top self and inclusive frames. `python spy_summary.py FILE`."""
-import collections, sys
+import collections
+import sys
+
 self_c, incl, threads = collections.Counter(), collections.Counter(), collections.Counter()
 total = 0
 for line in open(sys.argv[1]):

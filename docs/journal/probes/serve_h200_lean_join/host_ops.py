@@ -1,9 +1,15 @@
 """Host time of the join's small operations on a GPU machine: warm (back to back) and cold (64 MiB
 of memory written between calls, as a lone request finds the caches after the HTTP side and the
 last stream ran). Run from the repository root: python docs/journal/probes/serve_h200_lean_join/host_ops.py"""
-import time, numpy as np, torch, sys
+import sys
+import time
+
+import numpy as np
+import torch
+
 sys.path.insert(0, ".")
 from pipeline.runtime.batch import left_pad, send
+
 dev = torch.device("cuda")
 junk = np.ones(64 * 2**20 // 8)
 x = torch.zeros(64, device=dev); big = torch.zeros(4, 2048, device=dev)

@@ -5,11 +5,8 @@ the step at slot 200 and every slot before it live. From the repository root on 
 `PYTHONPATH=. python docs/journal/probes/serve_h200_row_first_slot/attention_filled_probe.py`"""
 import torch
 
-from pipeline.runtime.kernels.triton_kernels import (
-    attention_config,
-    attention_partials,
-    decode_attention,
-)
+from pipeline.runtime.kernels.decode_attention import decode_attention
+from pipeline.runtime.kernels.tiles import attention_config, attention_partials
 
 H, D, SLOT = 12, 64, 200
 dev = torch.device("cuda")

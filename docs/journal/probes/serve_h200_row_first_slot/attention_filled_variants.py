@@ -10,9 +10,9 @@ import pathlib
 
 import torch
 import triton
-
 from attention_filled_probe import gpu_us  # beside this file
-from pipeline.runtime.kernels import triton_kernels as tk
+
+from pipeline.runtime.kernels import decode_attention as tk
 
 PATCHES = {
     "unroll4": [("for _ in range(tl.cdiv(share, BLOCK_T)):", "for _ in tl.static_range(4):")],
@@ -21,7 +21,7 @@ PATCHES = {
              ("share = tl.cdiv(slot + 1 - base, SPLITS * BLOCK_T) * BLOCK_T", "share = SHARE")],
 }
 HEADER = ("import triton\nimport triton.language as tl\nfrom triton.language.extra.cuda import gdc_launch_dependents, gdc_wait\n"
-          "from pipeline.runtime.kernels.triton_kernels import _cache_block\n\n")
+          "from pipeline.runtime.kernels.decode_attention import _cache_block\n\n")
 H, D, SLOT = 12, 64, 200
 dev = torch.device("cuda")
 
@@ -57,7 +57,7 @@ def launch(kernel, q, k, v, mask, slot, first, out, partial, arrivals, cfg, fill
 def main():
     mod = patched_kernels()
     for rows in (64, 8):
-        cfg = tk.attention_config(rows, heads=H)
+        cfg = tk.tiles.attention_config(rows, heads=H)
         q = torch.randn(rows, H * D, device=dev, dtype=torch.float16)
         partial = torch.zeros(tk.attention_partials(rows, H, D), device=dev)
         arrivals = torch.zeros(rows, H, dtype=torch.int32, device=dev)

@@ -7,7 +7,13 @@ machine that cannot run all three at full speed still compares two builds. From 
 `python docs/journal/probes/serve_http_cost/http_cost_probe.py TREE [CLIENTS] [SECONDS] [PACE_MS]`
 (TREE: the checkout whose serve/ is measured; the clients always come from this one's pipeline/;
 SPY=path: a py-spy profile of the HTTP process, raw format)."""
-import asyncio, multiprocessing, os, random, sys, tempfile, time
+import asyncio
+import multiprocessing
+import os
+import random
+import sys
+import tempfile
+import time
 
 TOKENS, PORT, TOKEN_ID = 128, 8125, 262  # 262: " the"
 
@@ -63,7 +69,7 @@ def cpu_seconds(pid):
 
 if __name__ == "__main__":
     sys.path.insert(0, os.getcwd())
-    from pipeline import loadtest as lt
+    from serve import loadtest as lt
 
     tree = os.path.abspath(sys.argv[1])
     clients = int(sys.argv[2]) if len(sys.argv) > 2 else 16

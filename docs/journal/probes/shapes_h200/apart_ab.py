@@ -23,7 +23,7 @@ PRODUCTS = {"qkv": 3, "fc": 4}  # n in widths; k is the width
 
 
 def candidates(m: int, k: int):
-    from pipeline.runtime.kernels.triton_kernels import LinearConfig
+    from pipeline.runtime.kernels.tiles import LinearConfig
     if m <= 16:
         grid = itertools.product((16,), (32, 64, 128), (64, 128), (3,))
     else:
@@ -33,7 +33,7 @@ def candidates(m: int, k: int):
 
 
 def jobs():
-    from pipeline.runtime.kernels.triton_kernels import linear_config
+    from pipeline.runtime.kernels.tiles import linear_config
     for c, m, name in itertools.product(WIDTHS, ROWS, PRODUCTS):
         for dtype in ("fp16", "int8"):
             yield c, m, name, dtype, True, linear_config(m, PRODUCTS[name] * c, c, False, dtype == "int8")
@@ -47,7 +47,7 @@ def run(job, repeats: int = 0):
     import torch
 
     from pipeline.int8_weights import quantize_rows
-    from pipeline.runtime.kernels.triton_kernels import fused_linear
+    from pipeline.runtime.kernels.linear_kernels import fused_linear
     c, m, name, dtype, fused, cfg = job
     n, k = PRODUCTS[name] * c, c
     w = torch.randn(n, k, device="cuda", dtype=torch.float16) * 0.02
@@ -72,7 +72,7 @@ def run(job, repeats: int = 0):
 def norm_us(m: int, c: int) -> float:
     import torch
 
-    from pipeline.runtime.kernels.triton_kernels import layer_norm
+    from pipeline.runtime.kernels.linear_kernels import layer_norm
     x, out = torch.randn(m, c, device="cuda"), torch.empty(m, c, device="cuda", dtype=torch.float16)
     layer_norm(x, out, 1e-5)
     return graph_us(lambda i: layer_norm(x, out, 1e-5), 20, 20)
@@ -103,10 +103,10 @@ def step_ab(chosen, presets):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from pipeline.config import PRESETS as SHAPES
-    from pipeline.runtime.kernels import triton_kernels
-    from pipeline.runtime.kernels.triton_kernels import AttentionConfig
+    from pipeline.runtime.kernels import tiles as tile_tables
+    from pipeline.runtime.kernels.tiles import AttentionConfig
     from pipeline.runtime.static import triton_backend
-    tiles, shares, apart = triton_kernels.linear_config, triton_kernels.attention_config, triton_kernels.layer_norms_apart
+    tiles, shares, apart = tile_tables.linear_config, tile_tables.attention_config, tile_tables.layer_norms_apart
 
     def rows(m):
         return 8 if m <= 16 else 64
@@ -130,9 +130,9 @@ def step_ab(chosen, presets):
         return rule
 
     def use(linear, attention, norms):
-        triton_kernels.linear_config, triton_kernels.layer_norms_apart = linear, norms
+        tile_tables.linear_config, tile_tables.layer_norms_apart = linear, norms
         triton_backend.layer_norms_apart = norms
-        triton_kernels.attention_config = triton_backend.attention_config = attention
+        tile_tables.attention_config = triton_backend.attention_config = attention
 
     current = ["fp16"]
     for preset in presets:

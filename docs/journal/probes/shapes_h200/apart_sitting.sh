@@ -8,7 +8,7 @@ export PYTHONUNBUFFERED=1
 L=$OUT/log.txt
 step() { local s=$(date +%s); echo "== $1" >> $L; timeout $2 "${@:3}" >> $L 2>&1; echo "== $1: rc $? in $(( $(date +%s) - s )) s" >> $L; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader >> $L
-step "gpu tests" 150 env PYTHONPATH=$PWD python3 -m pytest -q -x -p no:cacheprovider tests/runtime/kernels/test_triton_kernels_gpu.py \
+step "gpu tests" 150 env PYTHONPATH=$PWD python3 -m pytest -q -x -p no:cacheprovider tests/runtime/kernels/test_decode_kernels_gpu.py \
   tests/runtime/static/test_cuda_graphs.py tests/runtime/static/test_triton_backend.py
 for tree in old new; do
   ROOT=$([ $tree = old ] && echo "$PWD/.ab/old" || echo "$PWD")

@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 from graph_timing import graph_us, sweep_times
 
-from pipeline.runtime.kernels.triton_kernels import _finish_attention, _int8_as_fp16
+from pipeline.runtime.kernels.decode_attention import _finish_attention
+from pipeline.runtime.kernels.linear_kernels import _int8_as_fp16
 
 LENGTH, D, SLOT = 256, 64, 191
 CASES = [(12, 64), (16, 64), (20, 64), (25, 64), (16, 8), (25, 8)]  # (heads, batch)
@@ -143,7 +144,8 @@ def inputs(heads: int, batch: int, copies: int, kv8: bool = False):
 
 def run(job, repeats: int = 0):
     """Launch one walk under one config (compiling it); with repeats, (us a launch, its output)."""
-    from pipeline.runtime.kernels.triton_kernels import attention_partials, decode_attention
+    from pipeline.runtime.kernels.decode_attention import decode_attention
+    from pipeline.runtime.kernels.tiles import attention_partials
     heads, batch, cand = job
     size = batch * heads * LENGTH * D * 4
     copies = max(1, -(-200_000_000 // size)) if repeats else 1

@@ -12,7 +12,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from pipeline.runtime.kernels import triton_kernels
+from pipeline.runtime.kernels import decode_attention as attention_kernels
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import attention_mma  # noqa: E402  (beside this file)
@@ -40,7 +40,7 @@ def main() -> None:
     print("attention_mma pipelined walk, stages 1 / 2 / 3: PTX",
           "identical" if walks[1] == walks[2] == walks[3] else "differs", f"({len(walks[1].splitlines())} lines)")
     for ahead in (True, False):
-        code = ptx(triton_kernels._decode_attention_kernel, {**shape, "FILLED": False, "FETCH_AHEAD": ahead,
+        code = ptx(attention_kernels._decode_attention_kernel, {**shape, "FILLED": False, "FETCH_AHEAD": ahead,
                                                               "PDL": True, "EARLY": False})
         print(f"shipped kernel, fetch_ahead {ahead}: {len(code.splitlines())} lines, "
               f"ld.global {code.count('ld.global')}, cp.async {code.count('cp.async')}")

@@ -6,7 +6,7 @@
 . "$(dirname "$0")/sitting.sh"
 FT="--set train.steps=2 --set train.grad_accum=1 --set train.warmup_steps=0 --set train.eval_batches=1 --set train.compile=false"
 R="--preset gpt2-xl --run xl"
-step "gpu tests" 150 python3 -m pytest -q -x -p no:cacheprovider tests/runtime/kernels/test_triton_kernels_gpu.py \
+step "gpu tests" 150 python3 -m pytest -q -x -p no:cacheprovider tests/runtime/kernels/test_decode_kernels_gpu.py \
   tests/runtime/static/test_cuda_graphs.py tests/runtime/static/test_triton_backend.py
 step "finetune xl" 100 $G finetune $R $FT
 step "bench xl" 100 $G bench $R --device cuda --backend triton --precision fp16 --precision int8-wo --batch 1,8,64 --repeats 2

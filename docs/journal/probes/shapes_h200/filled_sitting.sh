@@ -11,7 +11,7 @@
 NEW="env PYTHONPATH=/tmp/site:$PWD python3 -m pipeline.cli"
 OLD="env PYTHONPATH=/tmp/site:$PWD/.ab/old python3 -m pipeline.cli"
 FT="--set train.steps=2 --set train.grad_accum=1 --set train.warmup_steps=0 --set train.eval_batches=1 --set train.compile=false"
-step "gpu test" 150 python3 -m pytest -q -x -p no:cacheprovider tests/runtime/kernels/test_triton_kernels_gpu.py -k attention
+step "gpu test" 150 python3 -m pytest -q -x -p no:cacheprovider tests/runtime/kernels/test_decode_kernels_gpu.py -k attention
 served() {  # TREE PRESET RUN LABEL LOADS...
   local T=$([ $1 = old ] && echo "$OLD" || echo "$NEW")
   $T serve --preset $2 --run $3 --device cuda --backend triton --precision fp16 > /tmp/serve_$4.log 2>&1 &

@@ -19,7 +19,8 @@ import itertools
 import torch
 from graph_timing import graph_us
 
-from pipeline.runtime.kernels.triton_kernels import AttentionConfig, attention_config, attention_partials, decode_attention
+from pipeline.runtime.kernels.decode_attention import decode_attention
+from pipeline.runtime.kernels.tiles import AttentionConfig, attention_config, attention_partials
 
 ROWS, LENGTH, D, COLUMN = 64, 2048, 64, 1100
 

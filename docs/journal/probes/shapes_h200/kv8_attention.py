@@ -18,7 +18,8 @@ import sys
 import torch
 from graph_timing import graph_us
 
-from pipeline.runtime.kernels.triton_kernels import attention_partials, decode_attention
+from pipeline.runtime.kernels.decode_attention import decode_attention
+from pipeline.runtime.kernels.tiles import attention_partials
 
 HEADS = {"gpt2": 12, "gpt2-medium": 16, "gpt2-large": 20, "gpt2-xl": 25}
 PRESETS = sys.argv[1:] or list(HEADS)

@@ -16,7 +16,7 @@ PRODUCTS = {"qkv": (3, 1, False), "proj": (1, 1, True), "fc": (4, 1, False), "fc
 
 
 def candidates(m: int, k: int, residual: bool):
-    from pipeline.runtime.kernels.triton_kernels import LinearConfig, linear_config
+    from pipeline.runtime.kernels.tiles import LinearConfig, linear_config
     yield linear_config(m, 0, k, residual)
     splits = [s for s in (1, 2, 4, 5, 8) if k % s == 0 and k // s >= 64] if residual else [1]
     if m == 1:
@@ -41,7 +41,7 @@ def run(job, repeats: int = 0):
     """Launch one product under its tiles (compiling it); with repeats, its time a launch in us."""
     import torch
 
-    from pipeline.runtime.kernels.triton_kernels import fused_linear
+    from pipeline.runtime.kernels.linear_kernels import fused_linear
     c, m, name, cfg = job
     wn, wk, residual = PRODUCTS[name]
     n, k = wn * c, wk * c

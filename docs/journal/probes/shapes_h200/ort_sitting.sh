@@ -24,7 +24,7 @@ run() {  # $1 preset, $2 seconds for its finetune
 }
 keep() { cp artifacts/$1/reports/$2.json $OUT/$2_$1_$3.json 2>/dev/null; }
 if [ "$1" = a ]; then
-  step "gpu kernel tests" 120 python3 -m pytest -q -p no:cacheprovider tests/runtime/kernels/test_triton_kernels_gpu.py tests/runtime/static/test_cuda_graphs.py -k "one_byte or sampled_steps_replayed"
+  step "gpu kernel tests" 120 python3 -m pytest -q -p no:cacheprovider tests/runtime/kernels/test_decode_kernels_gpu.py tests/runtime/static/test_cuda_graphs.py -k "one_byte or sampled_steps_replayed"
   run gpt2 90
   step "bench gpt2" 150 $G bench $R --device cuda --backend triton --precision fp16 --precision int8-wo --batch 1,8,64 --repeats 2
   keep gpt2 bench triton

@@ -6,7 +6,7 @@
 . "$(dirname "$0")/sitting.sh"
 if [ "${1:-}" != cli ]; then
 step "gpu tests" 120 python3 -m pytest -q -x -p no:cacheprovider tests/runtime/static/test_triton_backend.py \
-  tests/runtime/kernels/test_triton_kernels_gpu.py -k "attention or decode_step or greedy_generation"
+  tests/runtime/kernels/test_decode_kernels_gpu.py -k "attention or decode_step or greedy_generation"
 step "step_ab" 400 python3 docs/journal/probes/shapes_h200/step_ab.py --attention gpt2-medium gpt2-large gpt2-xl
 else
 FT="--set train.steps=2 --set train.grad_accum=1 --set train.warmup_steps=0 --set train.eval_batches=1 --set train.compile=false"

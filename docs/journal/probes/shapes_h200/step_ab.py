@@ -19,7 +19,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from pipeline.config import PRESETS
 from pipeline.runtime.generate import Generator
-from pipeline.runtime.kernels import triton_kernels
+from pipeline.runtime.kernels import tiles as tile_tables
 from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.static import triton_backend
 from pipeline.runtime.static.triton_backend import TritonBackend
@@ -46,13 +46,13 @@ def step_ms(backend: TritonBackend, batch: int) -> float:
 def main() -> None:
     # each variant: (precision, tile rule); the rules are linear_config's, swapped in by name
     mode = sys.argv[1] if sys.argv[1:2] in (["--int8"], ["--int8-vs-fp16"], ["--attention"]) else None
-    tiles = triton_kernels.linear_config
-    shares = triton_kernels.attention_config
+    tiles = tile_tables.linear_config
+    shares = tile_tables.attention_config
     if mode == "--attention":
         def by_hand(batch, heads, filled=False):
             if filled or batch <= 16:
                 return shares(batch, heads, filled)
-            return triton_kernels.AttentionConfig(4 if batch * heads <= 1024 else 2, 1, 16, 80)
+            return tile_tables.AttentionConfig(4 if batch * heads <= 1024 else 2, 1, 16, 80)
         variants = {"by hand": ("fp16", tiles, by_hand), "loaded where used": ("fp16", tiles, shares)}
     elif mode == "--int8":
         variants = {"fp16 tiles": ("int8-wo", lambda m, n, k, residual, narrow=False, fp32=False:
@@ -61,7 +61,7 @@ def main() -> None:
     elif mode == "--int8-vs-fp16":
         variants = {"fp16": ("fp16", tiles, shares), "int8-wo": ("int8-wo", tiles, shares)}
     else:
-        spec = importlib.util.spec_from_file_location("old_kernels", ".ab/old/pipeline/runtime/kernels/triton_kernels.py")
+        spec = importlib.util.spec_from_file_location("old_kernels", ".ab/old/pipeline/runtime/kernels/tile_tables.py")
         old = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = old  # dataclasses look their module up
         spec.loader.exec_module(old)
@@ -76,8 +76,8 @@ def main() -> None:
         model = model.cpu()  # the backends take a loaded (host) model and copy what they need
         for round_ in (1, 2):
             for name, (precision, rule, attention) in variants.items():
-                triton_kernels.linear_config = rule  # fused_linear reads the module's name at each call
-                triton_kernels.attention_config = triton_backend.attention_config = attention
+                tile_tables.linear_config = rule  # fused_linear reads the module's name at each call
+                tile_tables.attention_config = triton_backend.attention_config = attention
                 backend = open_triton(model, precision)
                 times = [step_ms(backend, b) for b in (1, 8, 64)]
                 print(f"{preset} {name} {round_}: ms a step at batch 1 / 8 / 64: " + " / ".join(f"{t:.3f}" for t in times),

@@ -100,7 +100,7 @@ def kernel_shares(prof, layers: int) -> str:
 
 
 def configs(batch: int, heads: int):
-    from pipeline.runtime.kernels.triton_kernels import AttentionConfig, attention_config
+    from pipeline.runtime.kernels.tiles import AttentionConfig, attention_config
     yield attention_config(batch, heads=heads)
     for splits, warps, block_t, registers in itertools.product((1, 2, 4, 8), (1, 2, 4), (16, 32, 64), (None, 80)):
         if registers is None or warps == 1:
@@ -117,7 +117,8 @@ def attention_us(job, repeats: int = 0):
     """Launch attention under one config (compiling it); with repeats, its time a launch in us."""
     import torch
 
-    from pipeline.runtime.kernels.triton_kernels import attention_partials, decode_attention
+    from pipeline.runtime.kernels.decode_attention import decode_attention
+    from pipeline.runtime.kernels.tiles import attention_partials
     heads, batch, cfg = job
     length, d = 256, 64
     size = batch * heads * length * d * 2 * 2

@@ -1,5 +1,8 @@
 """Medians of the hops stamped in /tmp/trlog (tr.py), per request from its send, the first five dropped."""
-import glob, collections, statistics
+import collections
+import glob
+import statistics
+
 ev = []
 for f in glob.glob("/tmp/trlog/*.log"):
     for line in open(f):

@@ -1,6 +1,9 @@
 """Medians of the CUDA events tr.ev wrote per join (/tmp/trlog/gpu_*.txt): when the device reached each
 mark after the prefill's start, and when the host had enqueued it; the first five joins dropped."""
-import glob, statistics, collections
+import collections
+import glob
+import statistics
+
 g, h = collections.defaultdict(list), collections.defaultdict(list)
 for f in glob.glob("/tmp/trlog/gpu_*.txt"):
     for line in list(open(f))[5:]:

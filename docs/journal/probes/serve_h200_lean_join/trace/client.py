@@ -1,9 +1,14 @@
 """Back-to-back streaming requests to a traced server (mk.sh): TRACE=DIR PORT=N MAXT=new tokens N=requests
 python client.py prompt.txt; each send, first chunk and end is stamped in /tmp/trlog."""
-import asyncio, json, os, sys, time
+import asyncio
+import os
+import sys
+
 import aiohttp
+
 sys.path.insert(0, os.environ.get("TRACE", "/tmp/trace"))
 import tr
+
 url = f"http://127.0.0.1:{os.environ.get('PORT', '8123')}/v1/completions"
 async def main():
     async with aiohttp.ClientSession() as c:

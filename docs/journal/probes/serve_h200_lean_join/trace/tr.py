@@ -1,5 +1,7 @@
 """A timestamp per hop, appended to /tmp/trlog/PID.log (the traced copy of a tree imports it)."""
-import os, time
+import os
+import time
+
 _f = None
 def t(label):
     global _f

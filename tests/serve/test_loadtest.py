@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.loadtest import LoadSettings, loadtest, write_reports
+from serve.loadtest import LoadSettings, loadtest, write_reports
 
 pytest.importorskip("fastapi", reason="the [serve] extra is not installed")
 
@@ -57,7 +57,7 @@ def test_a_poisson_rate_and_a_missing_server(server, tmp_path):
 def test_latencies_are_of_the_requests_sent_in_the_measured_window():
     """The warm-up's requests (all clients start at once) and those sent after the window count toward
     neither the latencies nor the requests; tokens/s counts the tokens that arrived inside it."""
-    from pipeline.loadtest import Run, Sample, summarise
+    from serve.loadtest import Run, Sample, summarise
 
     run = Run(arrivals=[0.5, 1.5, 2.5, 3.5],
               samples=[Sample(0.2, 0.9, [0.1], 1.0, 2), Sample(1.2, 0.01, [0.02], 0.05, 2), Sample(3.2, 0.9, [0.1], 1.0, 2)])
@@ -69,7 +69,7 @@ def test_a_mixed_load_sends_the_share_of_sampled_requests_it_asks_for(server):
     """Half the requests sampled (temperature, top_p, top_k as given), half greedy; the server answers both."""
     import random
 
-    from pipeline.loadtest import describe_sampling, sampling_fields
+    from serve.loadtest import describe_sampling, sampling_fields
 
     settings = LoadSettings(server, concurrency=[2], prompt_tokens=8, max_tokens=4, duration_s=1.5, warmup_s=0.0,
                             temperature=0.8, top_p=0.95, top_k=40, sampled_share=0.5)
@@ -86,8 +86,8 @@ def test_a_mixed_load_sends_the_share_of_sampled_requests_it_asks_for(server):
 def test_a_lengths_file_gives_each_request_its_prompt_and_output_length(server, tmp_path):
     import random
 
-    from pipeline.loadtest import workload
     from pipeline.tokenizer import embedded_gpt2_tokenizer
+    from serve.loadtest import workload
 
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("# prompt output\n12 3\n\n40, 5  # a longer one\n", encoding="utf-8")
@@ -106,7 +106,7 @@ def test_a_lengths_file_gives_each_request_its_prompt_and_output_length(server, 
 @pytest.mark.parametrize("text, says", [("12 3\n7\n", r":2: '7' is not two whole numbers"),
                                         ("12 0\n", r":1: '12 0'"), ("# nothing\n", "no 'prompt_tokens output_tokens' line")])
 def test_a_lengths_file_it_cannot_read_is_named_with_its_line(tmp_path, text, says):
-    from pipeline.loadtest import read_lengths
+    from serve.loadtest import read_lengths
 
     path = tmp_path / "lengths.txt"
     path.write_text(text, encoding="utf-8")

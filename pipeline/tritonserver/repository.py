@@ -3,7 +3,7 @@
     <run>/triton/
       <name>/                    the generation model: Triton's Python backend, decoupled
         config.pbtxt             TensorRT-LLM's input names; the backend, precision and row cap as parameters
-        1/model.py               pipeline/triton_model.py
+        1/model.py               pipeline/tritonserver/model.py
         1/run/                   what that backend opens: the checkpoint, its graph or plans, the manifest
         tokenizer/               the checkpoint's tokenizer files
       <name>-onnx-<precision>/   each portable graph export made, on Triton's onnxruntime backend
@@ -35,7 +35,7 @@ from pipeline.runtime.loader import BACKENDS, checkpoint_config
 STAGE = "package-triton"
 TRITON_TYPES = {"int64": "TYPE_INT64", "float32": "TYPE_FP32", "float16": "TYPE_FP16"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json")
-# the generation model's optional inputs, as pipeline.triton_model reads them
+# the generation model's optional inputs, as pipeline.tritonserver.model reads them
 SETTINGS = (("max_tokens", "TYPE_INT32"), ("temperature", "TYPE_FP32"), ("top_p", "TYPE_FP32"), ("top_k", "TYPE_INT32"),
             ("seed", "TYPE_INT64"), ("repetition_penalty", "TYPE_FP32"), ("presence_penalty", "TYPE_FP32"),
             ("frequency_penalty", "TYPE_FP32"), ("stream", "TYPE_BOOL"), ("ignore_eos", "TYPE_BOOL"))
@@ -120,7 +120,7 @@ def write_generation_model(folder: Path, run: RunDir, runs: list[Path], backend:
     for path in runs:
         link_or_copy(path, version / "run" / run.rel(path))
     shutil.copy2(run.manifest_path, version / "run" / "manifest.json")
-    shutil.copy2(Path(__file__).with_name("triton_model.py"), version / "model.py")
+    shutil.copy2(Path(__file__).with_name("model.py"), version / "model.py")
     inputs = [_tensor("text_input", "TYPE_STRING", [1])] + [_tensor(n, t, [1], optional=True) for n, t in SETTINGS]
     inputs.append(_tensor("stop", "TYPE_STRING", [-1], optional=True))
     outputs = [_tensor("text_output", "TYPE_STRING", [1]), _tensor("output_ids", "TYPE_INT32", [-1]),

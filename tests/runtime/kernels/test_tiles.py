@@ -6,12 +6,7 @@ import pytest
 from pipeline.config import PRESETS, load_config
 
 pytest.importorskip("triton")
-from pipeline.runtime.kernels.triton_kernels import (  # noqa: E402
-    LinearConfig,
-    attention_config,
-    layer_norms_apart,
-    linear_config,
-)
+from pipeline.runtime.kernels.tiles import LinearConfig, attention_config, layer_norms_apart, linear_config  # noqa: E402
 
 
 def step_products(n_embd: int, vocab: int) -> list[tuple[int, int, bool]]:

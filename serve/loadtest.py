@@ -163,7 +163,7 @@ def describe_sampling(st: dict) -> str:
 def request_for(settings: LoadSettings, model: str, request: tuple[str, int | None],
                 rng: random.Random) -> tuple[str, dict]:
     """(url, body) of one streaming request of the workload: OpenAI's /v1/completions, or Triton's
-    generate_stream with TensorRT-LLM's names (pipeline.triton_model), where top_k 0 is off."""
+    generate_stream with TensorRT-LLM's names (pipeline.tritonserver.model), where top_k 0 is off."""
     prompt, max_tokens = request
     max_tokens, sampling = max_tokens or lengths(settings.max_tokens, settings.spread, rng), sampling_fields(settings, rng)
     if settings.triton_model:

@@ -3,7 +3,7 @@
 import json
 
 from pipeline.artifacts import RunDir
-from pipeline.profiling import profile_training
+from pipeline.train.profiling import profile_training
 
 
 def test_a_trace_and_a_top_ops_table_of_the_recorded_steps(micro_config, tmp_path):

@@ -22,8 +22,8 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import GPT2LMHeadModel
 
 from pipeline.config import ModelConfig, TrainConfig
-from pipeline.distributed import Ranks, mean_over_ranks
 from pipeline.errors import UserError
+from pipeline.train.distributed import Ranks, mean_over_ranks
 
 # Dense bf16 tensor-core peak from the vendor's data sheets, in TFLOP/s: the MFU denominator.
 PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1, "A10": 125.0, "L4": 121.0,
@@ -95,7 +95,7 @@ class Stepper:
         if t.checkpointing:
             _enable_activation_checkpointing(model)
         # FSDP2 shards each block's weights, gradients and optimizer state over the ranks (a world of
-        # one included: the process group is then pipeline.distributed's group of one);
+        # one included: the process group is then pipeline.train.distributed's group of one);
         # DistributedDataParallel keeps a whole copy per rank; both average the gradients in backward
         self.sharded = t.sharded
         if self.sharded:

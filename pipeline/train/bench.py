@@ -19,11 +19,11 @@ from rich.table import Table
 
 from pipeline.artifacts import atomic_write_json
 from pipeline.config import Config
-from pipeline.distributed import Ranks, barrier, process_group, rank_device
 from pipeline.errors import UserError
 from pipeline.model import new_model, resolve_device, synchronize
 from pipeline.progress import console
-from pipeline.training import Stepper, flops_per_token, peak_flops, peak_memory_bytes
+from pipeline.train.distributed import Ranks, barrier, process_group, rank_device
+from pipeline.train.stepper import Stepper, flops_per_token, peak_flops, peak_memory_bytes
 
 # name -> (precision, activation checkpointing, torch.compile)
 SETTINGS = {

@@ -1,7 +1,7 @@
 """The training state's memory check: what a fine-tune refuses before building a model it cannot train."""
 
 from pipeline.machine import gpt2_parameters
-from pipeline.training import training_state_error
+from pipeline.train.stepper import training_state_error
 
 XL = gpt2_parameters(48, 1600, 50257, 1024)
 GIB = 2**30

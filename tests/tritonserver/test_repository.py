@@ -25,10 +25,10 @@ from pipeline.contract import Contract
 from pipeline.errors import UserError
 from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.session import open_session
-from pipeline.triton_repository import package_triton
+from pipeline.tritonserver.repository import package_triton
 from tests.conftest import ENGINE_PRECISIONS, copy_run
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TRITON_PYTHON = REPO_ROOT / ".venv-triton" / "bin" / "python"
 PROMPT = "The history of the city"
 
@@ -45,7 +45,7 @@ def test_the_repository_holds_the_generation_model_every_graph_and_plan_and_is_u
     models = sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
     assert models == sorted(["gpt2"] + [f"gpt2-{kind}-{p}" for kind in ("onnx", "trt") for p in ENGINE_PRECISIONS])
     version = repository / "gpt2" / "1"
-    assert (version / "model.py").read_text() == (REPO_ROOT / "pipeline" / "triton_model.py").read_text()
+    assert (version / "model.py").read_text() == (REPO_ROOT / "pipeline" / "tritonserver" / "model.py").read_text()
     assert (version / "run" / "onnx" / "fp32" / "model.onnx").is_file() and (version / "run" / "manifest.json").is_file()
     assert (repository / "gpt2" / "tokenizer" / "tokenizer.json").is_file()
     config = (repository / "gpt2-trt-fp16" / "config.pbtxt").read_text()
@@ -179,7 +179,7 @@ def test_the_raw_graphs_parse_and_wait_only_for_their_backend(server):
 
 
 def test_loadtest_measures_the_triton_model_through_generate_stream(server):
-    from pipeline.loadtest import LoadSettings, loadtest
+    from serve.loadtest import LoadSettings, loadtest
     url, _ = server
     result = loadtest(LoadSettings(url, [2], prompt_tokens=16, max_tokens=8, duration_s=2, warmup_s=0.5,
                                    triton_model="gpt2", workers=1))

@@ -12,13 +12,9 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU: on a CPU tests/runtime/static/test_triton_backend.py runs these kernels interpreted",
                 allow_module_level=True)
 from pipeline.int8_weights import quantize_rows  # noqa: E402
-from pipeline.runtime.kernels.triton_kernels import (  # noqa: E402
-    LinearConfig,
-    attention_config,
-    attention_partials,
-    decode_attention,
-    fused_linear,
-)
+from pipeline.runtime.kernels.decode_attention import decode_attention  # noqa: E402
+from pipeline.runtime.kernels.linear_kernels import fused_linear  # noqa: E402
+from pipeline.runtime.kernels.tiles import LinearConfig, attention_config, attention_partials  # noqa: E402
 
 DEVICE = torch.device("cuda")
 

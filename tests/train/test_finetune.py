@@ -9,7 +9,7 @@ from transformers import GPT2LMHeadModel
 
 from pipeline.artifacts import RunDir
 from pipeline.errors import Interrupted, UserError
-from pipeline.finetune import finetune
+from pipeline.train.finetune import finetune
 
 
 def test_finetune_learns_and_writes_a_loadable_checkpoint(micro_config, tmp_path):
@@ -178,7 +178,7 @@ def test_a_failed_state_save_leaves_no_part_and_no_worker(micro_config, tmp_path
             f.write(b"\0" * 4096)
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr("pipeline.finetune.torch.save", full_disk)
+    monkeypatch.setattr("pipeline.train.finetune.torch.save", full_disk)
     run = RunDir(tmp_path / "run")
     with pytest.raises(OSError, match="No space left"):
         finetune(micro_config("train.num_workers=1", "train.save_interval=2"), run)

@@ -31,7 +31,12 @@ from pipeline.artifacts import (
 )
 from pipeline.config import Config
 from pipeline.data import PackedBlocks, ResumableSampler, prepare_data
-from pipeline.distributed import (
+from pipeline.errors import Interrupted, UserError
+from pipeline.machine import cpu_description, free_memory, gpt2_parameters, shape_description
+from pipeline.model import load_gpt2, new_model, resolve_device, shape_of
+from pipeline.progress import console, progress_task
+from pipeline.tokenizer import embedded_gpt2_tokenizer
+from pipeline.train.distributed import (
     Ranks,
     any_rank,
     barrier,
@@ -39,12 +44,7 @@ from pipeline.distributed import (
     rank_device,
     ranks_from_env,
 )
-from pipeline.errors import Interrupted, UserError
-from pipeline.machine import cpu_description, free_memory, gpt2_parameters, shape_description
-from pipeline.model import load_gpt2, new_model, resolve_device, shape_of
-from pipeline.progress import console, progress_task
-from pipeline.tokenizer import embedded_gpt2_tokenizer
-from pipeline.training import Stepper, flops_per_token, peak_flops, peak_memory_bytes, training_state_error
+from pipeline.train.stepper import Stepper, flops_per_token, peak_flops, peak_memory_bytes, training_state_error
 
 STATE_FILE = "state.pt"
 SHARDS = "shards"  # FSDP: torch.distributed.checkpoint's folder beside the state file
@@ -121,7 +121,7 @@ def _eval_batches(dataset: PackedBlocks, batch_size: int, limit: int):
 def finetune(cfg: Config, run: RunDir, resume: bool = False, force: bool = False,
              on_step: Callable[[int], None] | None = None) -> dict:
     """Run (or resume) fine-tuning; returns the report. `on_step(step)` is called after each step.
-    Under torchrun every rank runs this (pipeline.distributed); rank 0 writes what lands."""
+    Under torchrun every rank runs this (pipeline.train.distributed); rank 0 writes what lands."""
     ranks = ranks_from_env()
     device = rank_device(resolve_device(cfg.train.device), ranks)
     with process_group(ranks, device, cfg.train.sharded), contextlib.ExitStack() as cleanup:

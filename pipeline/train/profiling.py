@@ -15,7 +15,7 @@ from pipeline.data import PackedBlocks, ResumableSampler, prepare_data
 from pipeline.model import new_model, resolve_device
 from pipeline.progress import console, progress
 from pipeline.tokenizer import embedded_gpt2_tokenizer
-from pipeline.training import Stepper
+from pipeline.train.stepper import Stepper
 
 WAIT, WARMUP = 1, 1  # profiler schedule: skip one step, warm up on one, then record
 
