@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.sampling import LIMITS, OPENAI_SETTINGS, Sampling
 from serve.errors import stream_error
 from serve.streaming import Completion, Hub
 
@@ -24,22 +24,22 @@ from serve.streaming import Completion, Hub
 class GenerateSettings(BaseModel):
     # strict: "yes" is not a bool nor true an int; NaN and Infinity are not numbers; unknown fields are errors
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-    max_new_tokens: int = Field(32, ge=1)
+    # the ranges are pipeline.runtime.sampling.LIMITS, every front door's
+    max_new_tokens: int = Field(32, **LIMITS["max_new_tokens"].bounds())
     do_sample: bool = False
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_k: int = Field(0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    repetition_penalty: float = Field(1.0, ge=0.01, le=2)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    seed: int | None = Field(None, ge=0, lt=2**63)
+    temperature: float = Field(1.0, **LIMITS["temperature"].bounds())
+    top_k: int = Field(0, **LIMITS["top_k"].bounds())
+    top_p: float = Field(1.0, **LIMITS["top_p"].bounds())
+    repetition_penalty: float = Field(1.0, **LIMITS["repetition_penalty"].bounds())
+    presence_penalty: float = Field(0.0, **LIMITS["presence_penalty"].bounds())
+    frequency_penalty: float = Field(0.0, **LIMITS["frequency_penalty"].bounds())
+    seed: int | None = Field(None, **LIMITS["seed"].bounds())
     ignore_eos: bool = False  # generate max_new_tokens whatever comes (vLLM's extension, for load tests)
 
     def sampling(self, eos: int) -> Sampling:
         return Sampling(max_new_tokens=self.max_new_tokens, do_sample=self.do_sample, temperature=self.temperature,
-                        top_k=self.top_k, top_p=self.top_p, repetition_penalty=self.repetition_penalty,
-                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                        seed=self.seed, stop_tokens=() if self.ignore_eos else (eos,))
+                        stop_tokens=() if self.ignore_eos else (eos,),
+                        **{name: getattr(self, name) for name in OPENAI_SETTINGS})
 
 
 class GenerateRequest(GenerateSettings):

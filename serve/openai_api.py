@@ -5,7 +5,7 @@
                            stream (+ stream_options.include_usage), echo, presence_penalty,
                            frequency_penalty; vLLM's extensions top_k, repetition_penalty, ignore_eos
                            and stream_options.continuous_usage_stats.
-                           Ranges as vLLM checks them; n choices per prompt; logprobs (the
+                           Ranges from pipeline.runtime.sampling.LIMITS, as every front door; n choices per prompt; logprobs (the
                            top 0-20 alternatives of each token, and the token's own), with echo
                            the prompt's too; echo with max_tokens 0 scores a prompt.
 
@@ -26,7 +26,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.errors import UserError
-from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.sampling import LIMITS, OPENAI_SETTINGS, Sampling
 from pipeline.runtime.scoring import MAX_TOP, Scores
 from serve.errors import UnknownModel, stream_error
 from serve.streaming import Completion, Hub
@@ -44,14 +44,14 @@ class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     model: str
     prompt: str | list[str]
-    max_tokens: int = Field(16, ge=0)  # 0: no new tokens (with echo: score the prompt)
-    temperature: float = Field(1.0, ge=0, le=2)  # 0 = greedy
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, ge=-1)  # -1 or 0 = every token
-    repetition_penalty: float = Field(1.0, ge=0.01, le=2)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    seed: int | None = Field(None, ge=0, lt=2**63)
+    max_tokens: int = Field(16, ge=0)  # 0: no new tokens (with echo: score the prompt), so not LIMITS' at least 1
+    temperature: float = Field(1.0, **LIMITS["temperature"].bounds())
+    top_p: float = Field(1.0, **LIMITS["top_p"].bounds())
+    top_k: int = Field(-1, **LIMITS["top_k"].bounds())
+    repetition_penalty: float = Field(1.0, **LIMITS["repetition_penalty"].bounds())
+    presence_penalty: float = Field(0.0, **LIMITS["presence_penalty"].bounds())
+    frequency_penalty: float = Field(0.0, **LIMITS["frequency_penalty"].bounds())
+    seed: int | None = Field(None, **LIMITS["seed"].bounds())
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -72,11 +72,8 @@ class CompletionRequest(BaseModel):
 
     def sampling(self, eos: int) -> Sampling:
         """The sampling of the generated tokens (at least one: max_tokens 0 generates nothing, see completions)."""
-        return Sampling(max_new_tokens=max(self.max_tokens, 1), do_sample=self.temperature > 0,
-                        temperature=self.temperature or 1.0, top_k=max(self.top_k, 0), top_p=self.top_p,
-                        repetition_penalty=self.repetition_penalty,
-                        presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty, seed=self.seed,
-                        stop_tokens=() if self.ignore_eos else (eos,))
+        return Sampling.from_openai(max(self.max_tokens, 1), self.temperature, () if self.ignore_eos else (eos,),
+                                    **{name: getattr(self, name) for name in OPENAI_SETTINGS})
 
 
 def openai_routes(hub: Hub, model_name: str, created: int) -> APIRouter:

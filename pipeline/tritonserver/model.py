@@ -16,7 +16,6 @@ into text and talks to Triton, so the steps never wait on the server's responses
 from __future__ import annotations
 
 import json
-import math
 import queue
 import threading
 from dataclasses import dataclass
@@ -30,25 +29,17 @@ from pipeline.artifacts import RunDir
 from pipeline.errors import UserError
 from pipeline.runtime.generate import check_length
 from pipeline.runtime.jobs import Inbox, Job
-from pipeline.runtime.sampling import ADDITIVE_PENALTY_LIMIT, REPETITION_RANGE, Sampling
+from pipeline.runtime.sampling import Sampling, refuse_out_of_range
 from pipeline.runtime.scheduler import make_scheduler
 from pipeline.runtime.session import open_session
 from pipeline.runtime.text_output import RowOutput
 from pipeline.tokenizer import token_bytes
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-# each optional input: (default, its check as a test and what the value must be)
-SETTINGS = {
-    "max_tokens": (16, lambda v: v >= 1, "at least 1"),
-    "temperature": (0.0, lambda v: 0 <= v <= 2, "in [0, 2]"),
-    "top_p": (1.0, lambda v: 0 < v <= 1, "in (0, 1]"),
-    "top_k": (0, lambda v: v >= 0, "0 (off) or positive"),
-    "seed": (None, lambda v: 0 <= v < 2**63, "in [0, 2^63)"),
-    "repetition_penalty": (1.0, lambda v: REPETITION_RANGE[0] <= v <= REPETITION_RANGE[1],
-                           f"in [{REPETITION_RANGE[0]}, {REPETITION_RANGE[1]}]"),
-    "presence_penalty": (0.0, lambda v: abs(v) <= ADDITIVE_PENALTY_LIMIT, "in [-2, 2]"),
-    "frequency_penalty": (0.0, lambda v: abs(v) <= ADDITIVE_PENALTY_LIMIT, "in [-2, 2]"),
-}
+# each optional input: its default, and the Sampling field whose limits (sampling.LIMITS) it takes
+SETTINGS = {"max_tokens": (16, "max_new_tokens"), "temperature": (0.0, "temperature"), "top_p": (1.0, "top_p"),
+            "top_k": (0, "top_k"), "seed": (None, "seed"), "repetition_penalty": (1.0, "repetition_penalty"),
+            "presence_penalty": (0.0, "presence_penalty"), "frequency_penalty": (0.0, "frequency_penalty")}
 
 
 @dataclass(eq=False)
@@ -92,20 +83,15 @@ class TritonPythonModel:
         if len(text) != 1:
             raise UserError(f"text_input: one prompt a request, got {len(text)}")
         values = {}
-        for name, (default, ok, must) in SETTINGS.items():
+        for name, (default, field) in SETTINGS.items():
             value = _scalar(request, name, default)
-            if value is not None and not (math.isfinite(value) and ok(value)):
-                raise UserError(f"{name} {value}: must be {must}")
+            if value is not None:
+                refuse_out_of_range(name, value, field)
             values[name] = value
         stream = bool(_scalar(request, "stream", False))
         ignore_eos = bool(_scalar(request, "ignore_eos", False))  # vLLM's: every request its whole length (load tests)
-        sampling = Sampling(max_new_tokens=int(values["max_tokens"]), do_sample=values["temperature"] > 0,
-                            temperature=float(values["temperature"]) or 1.0, top_k=int(values["top_k"]),
-                            top_p=float(values["top_p"]), repetition_penalty=float(values["repetition_penalty"]),
-                            presence_penalty=float(values["presence_penalty"]),
-                            frequency_penalty=float(values["frequency_penalty"]),
-                            seed=None if values["seed"] is None else int(values["seed"]),
-                            stop_tokens=() if ignore_eos else (self.session.eos,))
+        sampling = Sampling.from_openai(values.pop("max_tokens"), values.pop("temperature"),
+                                        () if ignore_eos else (self.session.eos,), **values)
         sampling.check()
         prompt = self.session.encode(text[0], "text_input")
         check_length(len(prompt), sampling.max_new_tokens, self.session.backend.n_positions, "max_tokens")

@@ -17,6 +17,7 @@ from pipeline.tokenizer import load_tokenizer
 httpx = pytest.importorskip("httpx", reason="the [serve] extra is not installed")
 pytest.importorskip("fastapi", reason="the [serve] extra is not installed")
 
+from tests.limits import values_past_the_limits  # noqa: E402
 from tests.serve.conftest import LONG  # noqa: E402
 
 
@@ -96,6 +97,21 @@ def test_bad_requests_get_a_clear_error(server, request_body, status, message):
     url, _ = server
     reply = httpx.post(f"{url}/generate", json=request_body, timeout=30)
     assert reply.status_code == status and message in reply.text
+
+
+@pytest.mark.parametrize("field, value", values_past_the_limits())
+def test_both_routes_refuse_every_value_past_the_limits_naming_the_field(server, field, value):
+    """One table of limits (sampling.LIMITS) for every front door: the CLI and the Triton model refuse
+    the same values (tests/runtime/test_sampling.py, tests/tritonserver/test_repository.py)."""
+    url, _ = server
+    openai_field = "max_tokens" if field == "max_new_tokens" else field
+    model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    for path, body in (("/generate", {"prompt": "hi", field: value}),
+                       ("/v1/completions", {"model": model, "prompt": "hi", openai_field: value})):
+        reply = httpx.post(f"{url}{path}", content=json.dumps(body), headers={"content-type": "application/json"},
+                           timeout=30)
+        name = field if path == "/generate" else openai_field
+        assert reply.status_code in (400, 422) and name in reply.json()["error"]["message"], (path, reply.text)
 
 
 @pytest.mark.parametrize("body, status, message", [

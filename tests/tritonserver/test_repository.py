@@ -27,6 +27,7 @@ from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.session import open_session
 from pipeline.tritonserver.repository import package_triton
 from tests.conftest import ENGINE_PRECISIONS, copy_run
+from tests.limits import values_past_the_limits
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRITON_PYTHON = REPO_ROOT / ".venv-triton" / "bin" / "python"
@@ -161,7 +162,7 @@ def test_a_seeded_sampled_request_repeats_and_bad_values_get_tritons_error_shape
     sampled = {"text_input": PROMPT, "max_tokens": 8, "temperature": 0.9, "top_p": 0.95, "seed": 7}
     first, second = (post(f"{url}/v2/models/gpt2/generate", sampled) for _ in range(2))
     assert first[0] == 200 and json.loads(first[1])["output_ids"] == json.loads(second[1])["output_ids"]
-    for body, field in [({"max_tokens": 0}, "max_tokens"), ({"top_p": 1.5}, "top_p"), ({"top_k": -1}, "top_k"),
+    for body, field in [({"max_tokens": 0}, "max_tokens"), ({"top_p": 1.5}, "top_p"), ({"top_k": -2}, "top_k"),
                         ({"temperature": float("nan")}, "temperature"), ({"max_tokens": 10**6}, "max_tokens")]:
         status, text = post(f"{url}/v2/models/gpt2/generate", {"text_input": PROMPT, **body})
         assert status == 400 and field in json.loads(text)["error"], (body, text)
@@ -169,6 +170,16 @@ def test_a_seeded_sampled_request_repeats_and_bad_values_get_tritons_error_shape
     status, text = post(f"{url}/v2/models/gpt2/generate", {"text_input": PROMPT, "temperature": "hot"})
     assert status >= 400 and "Unable to parse" in json.loads(text)["error"]
     assert post(f"{url}/v2/models/gpt2/generate", sampled) == second  # and the model serves on, alike
+
+
+@pytest.mark.parametrize("field, value", values_past_the_limits(largest_int=2**31 - 1))
+def test_the_model_refuses_every_value_past_the_limits_naming_the_field(server, field, value):
+    """The same values the CLI and serve's routes refuse (one table, sampling.LIMITS); integers past
+    INT32 are Triton's own to refuse, before the model."""
+    url, _ = server
+    name = "max_tokens" if field == "max_new_tokens" else field
+    status, text = post(f"{url}/v2/models/gpt2/generate", {"text_input": PROMPT, name: value})
+    assert status == 400 and name in json.loads(text)["error"], text
 
 
 def test_the_raw_graphs_parse_and_wait_only_for_their_backend(server):
