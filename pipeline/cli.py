@@ -16,7 +16,6 @@ from pipeline.contract import TARGETS
 from pipeline.cores import hold_torch_to_usable_cores
 from pipeline.errors import UserError
 from pipeline.precisions import PRECISIONS
-from pipeline.progress import console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="GPT-2 from PyTorch to validated, benchmarked ONNX Runtime and TensorRT engines.")
@@ -255,35 +254,17 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
           docs: Annotated[bool, typer.Option("--docs", metavar="", help="Also serve /docs and /openapi.json.")] = False) -> None:
     """Serve generation over HTTP: OpenAI's /v1/completions, /generate, /batch_generate, /health, /ready, /metrics."""
     try:
-        from serve.server import (
-            hold_stop_signals,
-            http_process_count,
-            listen,
-            serve_here,
-            serve_in_processes,
-        )
+        from serve.server import serve_run
     except ImportError as e:
         raise UserError(f"serving needs the [serve] extra ({e.name} is missing): pip install 'gpt2-deploy[serve]'") from None
-    from pipeline.tokenizer import load_tokenizer
-    from serve.engine_process import EngineProcess, EngineSpec
+    from serve.engine.messages import EngineSpec
 
     flags = {"host": host, "port": port, "max_body": max_body, "queue": queue, "max_rows": max_rows, "timeout_s": timeout,
              "http_processes": http_processes}
     sets = [*(sets or []), *(f"serve.{key}={value}" for key, value in flags.items() if value is not None)]
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
-    settings, name = cfg.serve, cfg.serve.model_name or cfg.run_name
-    spec = EngineSpec(rundir.root.resolve(), backend, precision, str(_device(device)), settings.max_rows, continuous)
-    tokenizer, count = load_tokenizer(rundir.checkpoint), http_process_count(settings, spec.device)
-    failed = 0
-    with listen(settings) as sock, EngineProcess(spec, tokenizer.eos_token_id, count) as engine:
-        heard = hold_stop_signals()  # a client may stop the server as soon as it reads the line below
-        console.print(f"serve: {backend} {precision} from {rundir.root} on http://{settings.host}:{settings.port} "
-                      f"(ready in {engine.info['startup_s']:.1f} s, {count} HTTP process{'es' if count > 1 else ''})",
-                      markup=False)
-        if count == 1:
-            failed = serve_here(engine, sock, tokenizer, settings, name, docs, heard)
-        else:
-            failed = serve_in_processes(engine, sock, count, rundir.checkpoint, settings, name, docs, heard)
+    spec = EngineSpec(rundir.root.resolve(), backend, precision, str(_device(device)), cfg.serve.max_rows, continuous)
+    failed = serve_run(spec, rundir.checkpoint, cfg.serve, cfg.serve.model_name or cfg.run_name, docs)
     if failed:
         raise typer.Exit(failed)
 
@@ -338,7 +319,8 @@ def loadtest(url: Annotated[str, typer.Argument(help="The server, e.g. http://12
              triton_model: Annotated[Optional[str], typer.Option(help="A Triton server's model: its generate_stream.")] = None,
              out: Annotated[Path, typer.Option(help="Folder for loadtest.json, .md and .png.")] = ARTIFACTS_ROOT / "loadtest") -> None:
     """Measure a running server as clients see it: throughput, time to first token, inter-token latency."""
-    from serve.loadtest import LoadSettings, write_reports
+    from serve.load_report import write_reports
+    from serve.loadtest import LoadSettings
     from serve.loadtest import loadtest as run_loadtest
 
     try:

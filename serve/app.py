@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.config import ServeConfig
 from pipeline.errors import UserError
-from serve.engine_process import EngineClient, EngineStopped, QueueFull
+from serve.engine.parent import EngineClient, EngineStopped, QueueFull
 from serve.errors import TimedOut, UnknownModel, error
 from serve.metrics import ServeMetrics
 from serve.middleware import Admission, BodyLimit

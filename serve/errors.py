@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 
 from pipeline.errors import UserError
-from serve.engine_process import EngineStopped
+from serve.engine.parent import EngineStopped
 
 
 class TimedOut(Exception):

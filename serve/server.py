@@ -34,8 +34,11 @@ from prometheus_client import multiprocess
 from pipeline.config import ServeConfig
 from pipeline.cores import usable_cores
 from pipeline.errors import UserError
+from pipeline.progress import console
+from pipeline.tokenizer import load_tokenizer
 from serve.app import Service, create_service
-from serve.engine_process import EngineProcess
+from serve.engine.messages import EngineSpec
+from serve.engine.parent import EngineProcess
 from serve.middleware import HeadTimeout
 
 # with a GPU, 8: each process relays its streams in smaller bunches than 4 did (docs/journal/performance.md)
@@ -43,6 +46,20 @@ GPU_HTTP_PROCESSES = 8
 FORCED_CLOSE_S = 5  # after the drain: what uvicorn still gives open connections before closing them
 BACKLOG = 2048  # uvicorn's own default: connections the kernel holds until a process accepts them
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def serve_run(spec: EngineSpec, checkpoint: Path, settings: ServeConfig, name: str, docs: bool) -> int:
+    """`gpt2-deploy serve`: the engine process and the HTTP processes in front of it, until a stop
+    signal or a dead engine; the exit code (0 after a drain)."""
+    tokenizer, count = load_tokenizer(checkpoint), http_process_count(settings, spec.device)
+    with listen(settings) as sock, EngineProcess(spec, tokenizer.eos_token_id, count) as engine:
+        heard = hold_stop_signals()  # a client may stop the server as soon as it reads the line below
+        console.print(f"serve: {spec.backend} {spec.precision} from {spec.run} on http://{settings.host}:{settings.port} "
+                      f"(ready in {engine.info['startup_s']:.1f} s, {count} HTTP process{'es' if count > 1 else ''})",
+                      markup=False)
+        if count == 1:
+            return serve_here(engine, sock, tokenizer, settings, name, docs, heard)
+        return serve_in_processes(engine, sock, count, checkpoint, settings, name, docs, heard)
 
 
 def http_process_count(settings: ServeConfig, device: str) -> int:
@@ -161,8 +178,6 @@ def http_main(channel: tuple, info: dict, waiting, sock: socket.socket, checkpoi
               model_name: str, docs: bool, orders: c_int) -> None:
     """An HTTP process of several: its own app and tokenizer, on the shared socket, its stop signals
     blocked (inherited from serve_in_processes) for the supervisor's orders."""
-    from pipeline.tokenizer import load_tokenizer
-
     sys.exit(run_http(create_service(channel, info, waiting, load_tokenizer(checkpoint), settings, model_name, docs),
                       settings, sock, orders))
 

@@ -16,7 +16,7 @@ from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.scoring import Scores
 from pipeline.runtime.text_output import RowOutput
 from pipeline.tokenizer import encode, token_bytes
-from serve.engine_process import EngineClient
+from serve.engine.parent import EngineClient
 from serve.errors import TimedOut
 from serve.metrics import ServeMetrics
 

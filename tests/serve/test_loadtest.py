@@ -6,7 +6,8 @@ import json
 import pytest
 
 from pipeline.errors import UserError
-from serve.loadtest import LoadSettings, loadtest, write_reports
+from serve.load_report import write_reports
+from serve.loadtest import LoadSettings, loadtest
 
 pytest.importorskip("fastapi", reason="the [serve] extra is not installed")
 
@@ -69,7 +70,8 @@ def test_a_mixed_load_sends_the_share_of_sampled_requests_it_asks_for(server):
     """Half the requests sampled (temperature, top_p, top_k as given), half greedy; the server answers both."""
     import random
 
-    from serve.loadtest import describe_sampling, sampling_fields
+    from serve.load_report import describe_sampling
+    from serve.loadtest import sampling_fields
 
     settings = LoadSettings(server, concurrency=[2], prompt_tokens=8, max_tokens=4, duration_s=1.5, warmup_s=0.0,
                             temperature=0.8, top_p=0.95, top_k=40, sampled_share=0.5)

@@ -6,7 +6,7 @@ import multiprocessing
 import threading
 import time
 
-from serve.engine_process import Outbox
+from serve.engine.child import Outbox
 
 STEPS, ROWS = 2000, 64
 reader, writer = multiprocessing.Pipe(duplex=False)

@@ -14,7 +14,9 @@ from pipeline.model import new_model
 from pipeline.runtime.jobs import InboxClosed
 from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.scoring import Scorer, Scores
-from serve.engine_process import Commands, EngineClient, Outbox, QueueFull
+from serve.engine.child import Commands, Outbox
+from serve.engine.messages import STARTED, Cancel, End, Score, Submit
+from serve.engine.parent import EngineClient, QueueFull
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +43,16 @@ def test_commands_become_jobs_and_reach_them(scorer):
     commands = Commands(readers, outbox, scorer)
     assert commands.take(wait=False) == []
     greedy = Sampling(max_new_tokens=4)
-    writers[0].send(("submit", 7, [[464, 2068], [818]], greedy))
-    writers[1].send(("submit", 7, [[15496]], greedy))  # the same id from another HTTP process: its own job
+    writers[0].send(Submit(7, [[464, 2068], [818]], greedy))
+    writers[1].send(Submit(7, [[15496]], greedy))  # the same id from another HTTP process: its own job
     jobs = commands.take(wait=True)
     while len(jobs) < 2:  # the second pipe may turn ready a moment later
         jobs += commands.take(wait=True)
     first, second = sorted(jobs, key=lambda j: len(j.prompts), reverse=True)
     assert first.prompts == [[464, 2068], [818]] and second.prompts == [[15496]]
-    writers[0].send(("end", 7, 1))
-    writers[1].send(("cancel", 7))
-    writers[1].send(("cancel", 99))  # a job the engine no longer has: nothing happens
+    writers[0].send(End(7, 1))
+    writers[1].send(Cancel(7))
+    writers[1].send(Cancel(99))  # a job the engine no longer has: nothing happens
     while not (first.ended and second.cancelled.is_set()):
         assert commands.take(wait=False) == []
     assert first.ended == {1} and not first.cancelled.is_set()
@@ -62,8 +64,8 @@ def test_a_score_is_answered_between_steps_and_a_bad_one_gets_its_error(scorer):
     """A scoring command is no job of the scheduler's: the inbox answers it as it reads it, at once."""
     readers, writers, outbox = channels(1)
     commands = Commands(readers, outbox, scorer)
-    writers[0].send(("score", 3, [[464, 2068, 7586]], [1], 2))
-    writers[0].send(("score", 4, [[464]], [0], 2))
+    writers[0].send(Score(3, [[464, 2068, 7586]], [1], 2))
+    writers[0].send(Score(4, [[464]], [0], 2))
     while commands.take(wait=False) == [] and not outbox.readers[0].poll(0.05):
         pass
     delivered = []
@@ -78,7 +80,7 @@ def test_a_score_is_answered_between_steps_and_a_bad_one_gets_its_error(scorer):
 def test_the_inbox_closes_once_every_http_process_has_gone(scorer):
     readers, writers, outbox = channels(2)
     commands = Commands(readers, outbox, scorer)
-    writers[0].send(("submit", 1, [[464]], Sampling(max_new_tokens=4)))
+    writers[0].send(Submit(1, [[464]], Sampling(max_new_tokens=4)))
     running = commands.take(wait=True)[0]
     writers[0].close()
     assert commands.take(wait=False) == [] and running.cancelled.is_set()  # its HTTP process went
@@ -102,8 +104,8 @@ def test_an_http_process_reads_what_the_engine_sends_on_its_event_loop_until_the
         b = client.submit([[818]], greedy, got["b"].put_nowait)
         with pytest.raises(QueueFull):  # two not yet started: the cap
             client.submit([[15496]], greedy, print)
-        assert [commands_in.recv()[:2] for _ in range(2)] == [("submit", a.id), ("submit", b.id)]
-        for item in ("started", [11], None):  # a: started, a step, done
+        assert [commands_in.recv() for _ in range(2)] == [Submit(a.id, [[464]], greedy), Submit(b.id, [[818]], greedy)]
+        for item in (STARTED, [11], None):  # a: started, a step, done
             outbox.put((0, a.id), item)
         outbox.put((0, 99), [5])  # a job this process no longer has: dropped
         outbox.flush()  # one message
