@@ -38,6 +38,8 @@ def test_two_ranks_report_their_global_throughput_and_scaling(tmp_path):
     step_tokens = 2 * int(dict(s.split("=") for s in MICRO)["train.batch_size"]) * result["block_size"]
     assert row["tokens_per_s"] == pytest.approx(step_tokens / (row["step_ms"] / 1e3))
     assert row["scaling_efficiency"] == pytest.approx(row["tokens_per_s"] / (2 * row["single_tokens_per_s"]))
-    assert 0 < row["scaling_efficiency"] < 2
+    # only the arithmetic is checked: the efficiency itself is two timings' ratio, which a busy shared
+    # machine can put anywhere (a loaded 2-core CI host once gave 2.07)
+    assert row["scaling_efficiency"] > 0
     said = proc.stdout + proc.stderr
     assert "scaling" in said and said.count("train-bench: fp32 on 2 ranks") == 1  # rank 0 speaks
