@@ -18,7 +18,8 @@ def main() -> None:
             if fp16 and int8:
                 print(f"{preset} b{batch}: fp16 {fp16['decode_ms_p50']:.3f} ms {fp16['tokens_per_s']:,.0f} tok/s | "
                       f"int8-wo {int8['decode_ms_p50']:.3f} ms {int8['tokens_per_s']:,.0f} tok/s | "
-                      f"step ratio {int8['decode_ms_p50'] / fp16['decode_ms_p50']:.2f}")
+                      f"step ratio {int8['decode_ms_p50'] / fp16['decode_ms_p50']:.2f} | "
+                      f"memory MiB {fp16.get('peak_memory_mib') or 0:,.0f} / {int8.get('peak_memory_mib') or 0:,.0f}")
         validate = out / f"validate_{preset}.json"
         if validate.exists():
             for r in json.loads(validate.read_text())["rows"]:
