@@ -79,6 +79,32 @@ def token_bytes(tokenizer: PreTrainedTokenizerBase) -> list[bytes]:
     return table
 
 
+def decoded(table: list[bytes], ids: list[int]) -> str:
+    """The text of token ids as the table spells them (what TextStream's pieces join to)."""
+    return b"".join(table[t] for t in ids).decode("utf-8", "replace")
+
+
+def text_offsets(table: list[bytes], ids: list[int]) -> list[int]:
+    """Where each token starts in decoded(table, ids), in characters: a token that begins inside a
+    multi-byte character (byte-level BPE splits them) starts at that character. Counting each token's
+    own decoded length instead drifts after every such split (OpenAI's text_offset counts characters)."""
+    decoder, offsets, count = codecs.getincrementaldecoder("utf-8")("replace"), [], 0
+    for t in ids:
+        offsets.append(count)
+        count += len(decoder.decode(table[t]))
+    return offsets
+
+
+def as_prompts(prompt: str | list) -> list[str | list[int]]:
+    """OpenAI's prompt forms as a list of prompts: a string, a list of strings, a list of token ids
+    (one prompt) or a list of such lists."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
 class TextStream:
     """The text a row of generated tokens adds, token by token, for the cost of a table lookup: a
     token's bytes go through an incremental UTF-8 decoder, so a token that ends inside a multi-byte

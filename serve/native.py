@@ -1,6 +1,6 @@
 """This project's own generation API:
 
-    POST /generate        {"prompt": "..." | ["...", ...], "max_new_tokens": 32, "do_sample": false, ...}
+    POST /generate        {"prompt": "..." | ["...", ...] | [id, ...] | [[id, ...], ...], "max_new_tokens": 32, "do_sample": false, ...}
                           -> {"completions": [...], "tokens": [[...]], "finish_reasons": [...], "usage": {...}}
                           with "stream": true: server-sent events `data: {"tokens": [[...]], "text": [...]}`,
                           each prompt's new tokens and the text they add, then `event: done`
@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.runtime.sampling import LIMITS, OPENAI_SETTINGS, Sampling
+from pipeline.tokenizer import as_prompts
 from serve.errors import stream_error
 from serve.streaming import Completion, Hub
 
@@ -43,18 +44,18 @@ class GenerateSettings(BaseModel):
 
 
 class GenerateRequest(GenerateSettings):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]  # texts, or token ids
     stream: bool = False
 
 
 class BatchGenerateRequest(GenerateSettings):
-    prompts: list[str]
+    prompts: list[str] | list[list[int]]
 
 
 def native_routes(hub: Hub) -> APIRouter:
     router, engine = APIRouter(), hub.engine.info
 
-    async def start(texts: list[str], settings: GenerateSettings) -> Completion:
+    async def start(texts: list[str | list[int]], settings: GenerateSettings) -> Completion:
         sampling = settings.sampling(hub.eos)
         ids = await hub.tokenize(texts, sampling, "max_new_tokens")
         return hub.start(ids, sampling)
@@ -67,7 +68,7 @@ def native_routes(hub: Hub) -> APIRouter:
     @router.post("/generate")
     async def generate(req: GenerateRequest, request: Request):
         started = time.perf_counter()
-        completion = await start([req.prompt] if isinstance(req.prompt, str) else req.prompt, req)
+        completion = await start(as_prompts(req.prompt), req)
         if req.stream:
             # a streaming reply learns of a departed client when it sends: run is then closed
             return StreamingResponse(events(completion), media_type="text/event-stream")

@@ -1,7 +1,7 @@
 """OpenAI's completions API, as the `openai` client and vLLM's users expect it:
 
     GET  /v1/models        the one model served
-    POST /v1/completions   prompt (a string or a list), max_tokens, temperature, top_p, seed, stop,
+    POST /v1/completions   prompt (a string, a list of them, token ids or a list of id lists), max_tokens, temperature, top_p, seed, stop,
                            stream (+ stream_options.include_usage), echo, presence_penalty,
                            frequency_penalty; vLLM's extensions top_k, repetition_penalty, ignore_eos
                            and stream_options.continuous_usage_stats.
@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline.errors import UserError
 from pipeline.runtime.sampling import LIMITS, OPENAI_SETTINGS, Sampling
 from pipeline.runtime.scoring import MAX_TOP, Scores
+from pipeline.tokenizer import as_prompts, text_offsets
 from serve.errors import UnknownModel, stream_error
 from serve.streaming import Completion, Hub
 
@@ -43,7 +44,7 @@ class StreamOptions(BaseModel):
 class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     model: str
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]  # texts, or token ids as OpenAI and vLLM take them
     max_tokens: int = Field(16, ge=0)  # 0: no new tokens (with echo: score the prompt), so not LIMITS' at least 1
     temperature: float = Field(1.0, **LIMITS["temperature"].bounds())
     top_p: float = Field(1.0, **LIMITS["top_p"].bounds())
@@ -61,8 +62,8 @@ class CompletionRequest(BaseModel):
     ignore_eos: bool = False
     user: str | None = None
 
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else self.prompt
+    def prompts(self) -> list[str | list[int]]:
+        return as_prompts(self.prompt)
 
     def stops(self) -> tuple[str, ...]:
         stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -100,7 +101,7 @@ def openai_routes(hub: Hub, model_name: str, created: int) -> APIRouter:
         # request draws on a stream of its own, so sampled choices differ and a seed repeats them all
         rows = [p for p in ids for _ in range(req.n)]
         completion = hub.start(rows, sampling, stops) if req.max_tokens else None
-        reply = Reply(hub, completion, model_name, rows, [p for p in prompts for _ in range(req.n)] if req.echo else None,
+        reply = Reply(hub, completion, model_name, rows, [hub.text(p) for p in prompts for _ in range(req.n)] if req.echo else None,
                       req.n, req.logprobs)
         if req.stream:
             options = req.stream_options or StreamOptions()
@@ -150,11 +151,9 @@ class Reply:
         has nothing before it to be scored by), each one's log-probability, its top alternatives (and
         itself, as OpenAI always includes the chosen token), and where each starts in prompt + text."""
         decode = functools.cache(lambda token: self.hub.tokenizer.decode([token]))  # each token's text once
-        tokens = [decode(t) for t in sequence[0 if self.echo else start:]]
-        offsets, offset = [], 0 if self.echo else len(self.hub.tokenizer.decode(self.prompts[index]))
-        for token in tokens:
-            offsets.append(offset)
-            offset += len(token)
+        first = 0 if self.echo else start
+        tokens = [decode(t) for t in sequence[first:]]
+        offsets = text_offsets(self.hub.table, sequence)[first:]  # characters of prompt + text (OpenAI's)
         unscored = [None] if self.echo else []
         top = [{**{decode(t): v for t, v in alternatives}, decode(chosen): value}
                for chosen, value, alternatives in zip(sequence[start:], scores.token_logprobs, scores.top)]

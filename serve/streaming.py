@@ -15,7 +15,7 @@ from pipeline.runtime.generate import check_length
 from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.scoring import Scores
 from pipeline.runtime.text_output import RowOutput
-from pipeline.tokenizer import encode, token_bytes
+from pipeline.tokenizer import decoded, encode, token_bytes
 from serve.engine.parent import EngineClient
 from serve.errors import TimedOut
 from serve.metrics import ServeMetrics
@@ -130,26 +130,42 @@ class Hub:
     def eos(self) -> int:
         return self.tokenizer.eos_token_id
 
-    async def tokenize(self, texts: list[str], sampling: Sampling, length_option: str,
+    async def tokenize(self, prompts: list[str | list[int]], sampling: Sampling, length_option: str,
                        new_tokens: int | None = None) -> list[list[int]]:
         """`encode`, on the event loop for short prompts, on a worker thread for long ones."""
-        if sum(map(len, texts)) <= INLINE_CHARS:
-            return self.encode(texts, sampling, length_option, new_tokens)
-        return await asyncio.to_thread(self.encode, texts, sampling, length_option, new_tokens)
+        if sum(map(len, prompts)) <= INLINE_CHARS:
+            return self.encode(prompts, sampling, length_option, new_tokens)
+        return await asyncio.to_thread(self.encode, prompts, sampling, length_option, new_tokens)
 
-    def encode(self, texts: list[str], sampling: Sampling, length_option: str, new_tokens: int | None = None) -> list[list[int]]:
-        """The prompts' tokens, checked with the sampling (count, empty prompts, context: the prompt and
-        new_tokens, sampling's max_new_tokens unless given), or a UserError naming what to change."""
-        if not 1 <= len(texts) <= self.max_prompts:
+    def encode(self, prompts: list[str | list[int]], sampling: Sampling, length_option: str,
+               new_tokens: int | None = None) -> list[list[int]]:
+        """The prompts' tokens (a text tokenized, a list of ids taken as it is: a client that counts its
+        own tokens, as lm-evaluation-harness does, must get exactly those scored), checked with the
+        sampling (count, empty prompts, ids outside the vocabulary, context: the prompt and new_tokens,
+        sampling's max_new_tokens unless given), or a UserError naming what to change."""
+        if not 1 <= len(prompts) <= self.max_prompts:
             raise UserError(f"prompt: give 1 to {self.max_prompts} prompts")
         sampling.check()
-        ids = [encode(self.tokenizer, p, f"prompt {i}") for i, p in enumerate(texts)]
+        ids = [self.known_ids(p, i) if isinstance(p, list) else encode(self.tokenizer, p, f"prompt {i}")
+               for i, p in enumerate(prompts)]
         for i, p in enumerate(ids):
             if not p:
                 raise UserError(f"prompt {i} is empty")
         check_length(max(map(len, ids)), sampling.max_new_tokens if new_tokens is None else new_tokens, self.context,
                      length_option)
         return ids
+
+    def known_ids(self, ids: list[int], index: int) -> list[int]:
+        vocab = len(self.table)
+        for j, t in enumerate(ids):
+            if not 0 <= t < vocab:
+                raise UserError(f"prompt {index}: token {j} is {t}, not an id of this model's vocabulary [0, {vocab})",
+                                param="prompt")
+        return ids
+
+    def text(self, prompt: str | list[int]) -> str:
+        """A prompt as echo returns it: a text as sent, token ids decoded."""
+        return prompt if isinstance(prompt, str) else decoded(self.table, prompt)
 
     def start(self, prompts: list[list[int]], sampling: Sampling, stop: tuple[str, ...] = ()) -> Completion:
         return Completion(self, prompts, sampling, stop)

@@ -2,9 +2,12 @@ import random
 
 from pipeline.tokenizer import (
     TextStream,
+    as_prompts,
+    decoded,
     embedded_gpt2_tokenizer,
     encode,
     load_tokenizer,
+    text_offsets,
     token_bytes,
 )
 
@@ -48,3 +51,24 @@ def test_a_text_stream_adds_up_to_the_tokenizers_decode():
         stream = TextStream(table)
         text = "".join(stream.add(t) for t in row) + stream.close()
         assert text == tokenizer.decode([t for t in row if t != tokenizer.eos_token_id])
+
+
+def test_text_offsets_count_characters_where_tokens_split_them():
+    tok = embedded_gpt2_tokenizer()
+    table, text = token_bytes(tok), "I love 🐍 and 日本語 text"
+    ids = tok.encode(text)
+    pieces = [tok.decode([t]) for t in ids]
+    assert len("".join(pieces)) > len(text)  # the split characters' pieces: what counting their lengths drifted by
+    offsets = text_offsets(table, ids)
+    assert decoded(table, ids) == text
+    for t, (piece, at) in enumerate(zip(pieces, offsets)):
+        if "\ufffd" not in piece:
+            assert text[at:at + len(piece)] == piece, (t, piece, at)
+    assert offsets == sorted(offsets) and offsets[0] == 0
+
+
+def test_every_openai_prompt_form_becomes_a_list_of_prompts():
+    assert as_prompts("hi") == ["hi"]
+    assert as_prompts(["a", "b"]) == ["a", "b"]
+    assert as_prompts([5, 6]) == [[5, 6]]
+    assert as_prompts([[5], [6, 7]]) == [[5], [6, 7]]

@@ -43,7 +43,9 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
         outbox = Outbox(results)
         # the served precision's float type: what a GPU's fp16 and int8 backends compute their activations in
         half = torch.device(spec.device).type == "cuda" and backend.precision != "fp32"
-        scorer = Scorer(load_checkpoint(run.checkpoint), backend.device, torch.float16 if half else torch.float32)
+        dtype = torch.float16 if half else torch.float32
+        # the scorer's copy of the weights, loaded by the first request that scores: most never do
+        scorer = lambda: Scorer(load_checkpoint(run.checkpoint), backend.device, dtype)  # noqa: E731
         # the HTTP processes cap the queue (EngineClient): the engine takes whatever it is sent
         scheduler = make_scheduler(backend, pad_id, spec.max_rows, spec.continuous, outbox.flush,
                                    Commands([c for c, _ in channels], outbox, scorer))
@@ -60,11 +62,12 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
 class Commands:
     """The scheduler's inbox in the engine: the HTTP processes' command pipes, read by the scheduler's own
     thread between its steps (a reader thread of their own added a wake-up to a lone request's path;
-    docs/journal/performance.md). Jobs are told apart by (channel, id)."""
+    docs/journal/performance.md). Jobs are told apart by (channel, id). `scorer` makes the Scorer, at the
+    first Score."""
 
-    def __init__(self, pipes: list, outbox: Outbox, scorer: Scorer):
+    def __init__(self, pipes: list, outbox: Outbox, scorer: Callable[[], Scorer]):
         self.open = {commands: index for index, commands in enumerate(pipes)}
-        self.outbox, self.scorer = outbox, scorer
+        self.outbox, self.new_scorer, self.scorer = outbox, scorer, None
         self.jobs: dict[tuple[int, int], Job] = {}
 
     def take(self, wait: bool) -> list[Job]:
@@ -95,6 +98,7 @@ class Commands:
         key = (channel, message.id)
         if isinstance(message, Score):  # on the scheduler's thread, between two steps: the batch waits for it
             try:
+                self.scorer = self.scorer or self.new_scorer()
                 self.outbox.put(key, tuple(self.scorer.score(message.sequences, message.starts, message.top)))
             except Exception as e:  # noqa: BLE001 - the request gets it; the engine goes on
                 self.outbox.put(key, e)

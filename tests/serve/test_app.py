@@ -223,9 +223,11 @@ def test_a_full_queue_gets_429_with_retry_after_and_a_long_request_504(tight_ser
     """With one request running and one waiting, the next is refused at once; the running one is
     stopped at the server's time limit."""
     replies = {}
+    # about 15 s of work on a 2-core CPU: LONG alone (0.9 s) finished inside the 1 s limit on a quiet machine
+    slow = {**LONG, "do_sample": True, "repetition_penalty": 1.2, "ignore_eos": True}
 
     def send(name):
-        replies[name] = httpx.post(f"{tight_server}/generate", json=LONG, timeout=30)
+        replies[name] = httpx.post(f"{tight_server}/generate", json=slow, timeout=30)
 
     def gauges() -> dict[str, float]:
         lines = httpx.get(f"{tight_server}/metrics", timeout=10).text.splitlines()
@@ -233,11 +235,12 @@ def test_a_full_queue_gets_429_with_retry_after_and_a_long_request_504(tight_ser
                 if line.startswith(("gpt2deploy_requests_running", "gpt2deploy_requests_waiting"))}
 
     threads = [threading.Thread(target=send, args=(name,)) for name in ("running", "waiting")]
-    for t in threads:
-        t.start()
-        time.sleep(0.2)
-    # the queue is full once the server counts both (on a busy machine the second may arrive late)
     deadline = time.monotonic() + 10
+    for t in threads:  # the second once the first has left the queue (the cap counts requests not started)
+        t.start()
+        while t is threads[0] and gauges()["gpt2deploy_requests_running"] != 1.0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    # the queue is full once the server counts both (on a busy machine the second may arrive late)
     while list(gauges().values()) != [1.0, 1.0] and time.monotonic() < deadline:
         time.sleep(0.02)
     refused = httpx.post(f"{tight_server}/generate", json={"prompt": "hi", "max_new_tokens": 2}, timeout=30)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipeline.model import load_checkpoint
-from pipeline.tokenizer import load_tokenizer
+from pipeline.tokenizer import decoded, load_tokenizer, token_bytes
 
 httpx = pytest.importorskip("httpx", reason="the [serve] extra is not installed")
 openai = pytest.importorskip("openai", reason="the openai client is not installed (the [dev] extra)")
@@ -245,3 +245,47 @@ def test_echo_with_max_tokens_zero_scores_the_prompt_and_a_stream_sends_it_whole
     assert chunks[0].choices[0].text == whole.choices[0].text
     assert chunks[0].choices[0].logprobs.token_logprobs == pytest.approx(whole.choices[0].logprobs.token_logprobs, abs=1e-6)
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_token_id_prompts_are_scored_as_sent_as_lm_evaluation_harness_sends_them(client, server):
+    """lm-evaluation-harness' local-completions (tokenized_requests, its default) sends a list of id
+    lists with echo, logprobs 1 and max_tokens 1: the ids are scored as they are, never re-tokenized,
+    and echo returns their text. A window that starts inside a multi-byte character still scores."""
+    openai_client, name = client
+    url, run = server
+    tokenizer = load_tokenizer(run.checkpoint)
+    whole = tokenizer.encode("I love 🐍 and 日本語 text")
+    windows = [whole, whole[3:]]  # the second starts inside the snake's bytes: its text is not those ids' tokens
+    assert tokenizer.encode(tokenizer.decode(windows[1])) != windows[1]
+    reply = openai_client.completions.create(model=name, prompt=windows, max_tokens=1, echo=True, logprobs=1,
+                                             temperature=0)
+    for ids, choice in zip(windows, reply.choices):
+        eager = eager_logprobs(run, ids)
+        scored = choice.logprobs.token_logprobs[1:len(ids)]
+        assert scored == pytest.approx([eager[t - 1, ids[t]].item() for t in range(1, len(ids))], abs=1e-3)
+        assert choice.text.startswith(decoded(token_bytes(tokenizer), ids))  # the ids' text, then the new token's
+    single = httpx.post(f"{url}/v1/completions", json={"model": name, "prompt": whole, "max_tokens": 2, "temperature": 0},
+                        timeout=30).json()
+    assert single["choices"][0]["text"] == openai_client.completions.create(
+        model=name, prompt="I love 🐍 and 日本語 text", max_tokens=2, temperature=0).choices[0].text
+
+
+def test_text_offsets_count_characters_of_the_returned_text(client):
+    openai_client, name = client
+    text = "I love 🐍 and 日本語 text"
+    reply = openai_client.completions.create(model=name, prompt=text, max_tokens=1, echo=True, logprobs=0,
+                                             temperature=0)
+    lp = reply.choices[0].logprobs
+    starts = dict(zip(lp.tokens, lp.text_offset))
+    assert starts[" and"] == text.index(" and") == 8 and starts[" text"] == text.index(" text") == 16
+
+
+@pytest.mark.parametrize("prompt, message", [([5, 50257], "prompt 0: token 1 is 50257, not an id"),
+                                             ([[3], [-1]], "prompt 1: token 0 is -1, not an id"),
+                                             ([[]], "prompt 0 is empty")])
+def test_token_ids_outside_the_vocabulary_get_a_400_naming_the_prompt_and_index(client, server, prompt, message):
+    _, name = client
+    url, _ = server
+    for path, body in (("/v1/completions", {"model": name, "prompt": prompt}), ("/generate", {"prompt": prompt})):
+        reply = httpx.post(f"{url}{path}", json=body, timeout=30)
+        assert reply.status_code == 400 and message in reply.json()["error"]["message"], reply.text

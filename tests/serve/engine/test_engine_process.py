@@ -40,7 +40,7 @@ def channels(count: int):
 
 def test_commands_become_jobs_and_reach_them(scorer):
     readers, writers, outbox = channels(2)
-    commands = Commands(readers, outbox, scorer)
+    commands = Commands(readers, outbox, lambda: scorer)
     assert commands.take(wait=False) == []
     greedy = Sampling(max_new_tokens=4)
     writers[0].send(Submit(7, [[464, 2068], [818]], greedy))
@@ -60,10 +60,23 @@ def test_commands_become_jobs_and_reach_them(scorer):
     assert outbox.pending == [((0, 7), "started")]
 
 
+def test_the_scorer_is_made_by_the_first_score_and_kept(scorer):
+    readers, writers, outbox = channels(1)
+    made = []
+    commands = Commands(readers, outbox, lambda: made.append(1) or scorer)
+    writers[0].send(Submit(1, [[464]], Sampling(max_new_tokens=2)))
+    commands.take(wait=True)
+    assert not made  # generation alone never loads the scorer's weights
+    for job in (3, 4):
+        writers[0].send(Score(job, [[464, 2068]], [1], 1))
+        commands.take(wait=False)
+    assert made == [1]
+
+
 def test_a_score_is_answered_between_steps_and_a_bad_one_gets_its_error(scorer):
     """A scoring command is no job of the scheduler's: the inbox answers it as it reads it, at once."""
     readers, writers, outbox = channels(1)
-    commands = Commands(readers, outbox, scorer)
+    commands = Commands(readers, outbox, lambda: scorer)
     writers[0].send(Score(3, [[464, 2068, 7586]], [1], 2))
     writers[0].send(Score(4, [[464]], [0], 2))
     while commands.take(wait=False) == [] and not outbox.readers[0].poll(0.05):
@@ -79,7 +92,7 @@ def test_a_score_is_answered_between_steps_and_a_bad_one_gets_its_error(scorer):
 
 def test_the_inbox_closes_once_every_http_process_has_gone(scorer):
     readers, writers, outbox = channels(2)
-    commands = Commands(readers, outbox, scorer)
+    commands = Commands(readers, outbox, lambda: scorer)
     writers[0].send(Submit(1, [[464]], Sampling(max_new_tokens=4)))
     running = commands.take(wait=True)[0]
     writers[0].close()
