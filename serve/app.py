@@ -5,6 +5,7 @@
     GET  /metrics                Prometheus text format (serve.metrics)
     POST /generate, /batch_generate        this project's API (serve.native)
     GET  /v1/models, POST /v1/completions  OpenAI's (serve.openai_api)
+    POST /tokenize, /detokenize, GET /tokenizer_info  the tokenizer, as vLLM's (serve.tokenizer_api)
 
 The engine, a process of its own (serve.engine_process), owns the backend; one or more HTTP processes
 (serve.server) each run this app over a channel to it. Its scheduler thread runs the
@@ -36,6 +37,7 @@ from serve.middleware import Admission, BodyLimit
 from serve.native import native_routes
 from serve.openai_api import openai_routes
 from serve.streaming import Hub
+from serve.tokenizer_api import tokenizer_routes
 
 
 @dataclass
@@ -144,4 +146,5 @@ def create_service(channel: tuple, info: dict, waiting, tokenizer, settings: Ser
 
     app.include_router(native_routes(hub))
     app.include_router(openai_routes(hub, model_name, int(time.time())))
+    app.include_router(tokenizer_routes(hub, model_name))
     return Service(asgi, app, admission, engine)

@@ -146,7 +146,7 @@ class Hub:
         if not 1 <= len(prompts) <= self.max_prompts:
             raise UserError(f"prompt: give 1 to {self.max_prompts} prompts")
         sampling.check()
-        ids = [self.known_ids(p, i) if isinstance(p, list) else encode(self.tokenizer, p, f"prompt {i}")
+        ids = [self.known_ids(p, f"prompt {i}") if isinstance(p, list) else encode(self.tokenizer, p, f"prompt {i}")
                for i, p in enumerate(prompts)]
         for i, p in enumerate(ids):
             if not p:
@@ -155,12 +155,12 @@ class Hub:
                      length_option)
         return ids
 
-    def known_ids(self, ids: list[int], index: int) -> list[int]:
+    def known_ids(self, ids: list[int], what: str, param: str = "prompt") -> list[int]:
+        """ids, or a UserError naming `what` and the first one outside the vocabulary."""
         vocab = len(self.table)
         for j, t in enumerate(ids):
             if not 0 <= t < vocab:
-                raise UserError(f"prompt {index}: token {j} is {t}, not an id of this model's vocabulary [0, {vocab})",
-                                param="prompt")
+                raise UserError(f"{what}: token {j} is {t}, not an id of this model's vocabulary [0, {vocab})", param=param)
         return ids
 
     def text(self, prompt: str | list[int]) -> str:
