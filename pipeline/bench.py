@@ -36,6 +36,7 @@ from pipeline.runtime.batch import Prompts
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.loader import open_backend
 from pipeline.runtime.sampling import Sampling
+from pipeline.step_cost import copy_bandwidth, device_ops_per_step, step_cost, step_read_bytes
 from pipeline.tokenizer import load_tokenizer
 
 NOISY_SPREAD = 0.15  # (max - min) / median of a row's passes' tokens/s beyond which its ratio says little
@@ -78,6 +79,12 @@ class Row:
     baseline: str = ""
     speedup_vs_eager: float | None = None
     vs_greedy: float | None = None  # a sampled row's tokens/s over its greedy twin's, paired by round
+    # pipeline.step_cost: device operations a decode step launches (GPU), what it must read, and the floor
+    launches_per_step: float | None = None
+    step_read_mb: float | None = None
+    read_gbps: float | None = None  # step_read_mb over decode_ms_p50
+    floor_ms: float | None = None  # step_read_mb at the device's copy bandwidth
+    of_floor: float | None = None  # floor_ms over decode_ms_p50: 1.0 is memory-bound
 
 
 def device_memory_mib(device: torch.device) -> float:
@@ -145,7 +152,7 @@ def rounds(items: list, repeats: int) -> Iterator:
 
 
 def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSettings) -> dict:
-    tokenizer = load_tokenizer(run.checkpoint)
+    tokenizer, model = load_tokenizer(run.checkpoint), model_description(run.checkpoint)
     splits = prepare_data(cfg, run, tokenizer)
     blocks = heldout_blocks(splits, max(settings.batches), settings.prompt_tokens, "bench batch size", from_end=True)
     # no stop tokens: every row generates new_tokens
@@ -153,6 +160,7 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
     if settings.sample is not None:
         decodings["sampled"] = settings.sample
     rows: list[Row] = []
+    bandwidth = copy_bandwidth(device)
     opened: dict[tuple[str, str], Backend] = {}
     live: list[Row] = []  # rows warmed up, to be timed
     for name, precision in progress(settings.pairs, total=len(settings.pairs), description="bench: open, warm up"):
@@ -180,7 +188,8 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
                         pass
                     synchronize(device)
                     row = Row(name, precision, batch, "ok", decoding=decoding, load_s=load_s,
-                              warmup_s=time.perf_counter() - start, peak_memory_mib=device_memory_mib(device))
+                              warmup_s=time.perf_counter() - start, peak_memory_mib=device_memory_mib(device),
+                              launches_per_step=device_ops_per_step(backend, blocks[:batch], sampling, device))
                 except Exception as e:  # one row failing (out of memory, a profile too small) keeps the others
                     row = Row(name, precision, batch, "error", decoding=decoding,
                               reason=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
@@ -197,10 +206,13 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
         synced = (list(np.diff(synced_token_times(gen, prompts, sampling, device))) if device.type == "cuda" else [])
         for key, value in summarise_passes(passes[id(row)], row.batch * sampling.max_new_tokens, synced).items():
             setattr(row, key, value)
+        read = step_read_bytes(model, row.precision, device, row.batch, settings.prompt_tokens + settings.new_tokens / 2)
+        for key, value in step_cost(row.decode_ms_p50, read, bandwidth).items():
+            setattr(row, key, value)
     opened.clear()
     add_speedups(rows, device)
     result = {"settings": {**asdict(settings), "pairs": [list(p) for p in settings.pairs]},
-              "model": model_description(run.checkpoint), "environment": environment(device),
+              "model": model, "environment": {**environment(device), "copy_gbps": bandwidth / 1e9},
               "rows": [asdict(r) for r in rows]}
     write_reports(result, run)
     return result

@@ -28,22 +28,30 @@ def markdown(result: dict) -> str:
              f"noisy: the row's or its baseline's spread is over 15%, its ratio says little); "
              f"torch {env['packages'].get('torch')}, onnxruntime "
              f"{env['packages'].get('onnxruntime-gpu') or env['packages'].get('onnxruntime')}", "",
+             *([floor_line(env["copy_gbps"]), ""] if "copy_gbps" in env else []),
              "| backend | precision | batch | decoding | TTFT ms | decode ms p50 | p90 | p99 | p50 host-synced | tokens/s | spread "
-             "| x eager | vs | x greedy | memory MiB | load s | warm-up s |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+             "| x eager | vs | x greedy | launches/step | read GB/s | of floor | memory MiB | load s | warm-up s |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         label = f"| {r['backend']} | {r['precision']} | {r['batch']} | {r.get('decoding', 'greedy')} |"
         if r["status"] != "ok":
-            lines.append(f"{label} {r['status']}: {r['reason']} ||||||||||||||")
+            lines.append(f"{label} {r['status']}: {r['reason']} |||||||||||||||||")
             continue
         lines.append(f"{label} {_fmt(r['ttft_ms'], '.2f')} | "
                      f"{_fmt(r['decode_ms_p50'], '.3f')} | {_fmt(r['decode_ms_p90'], '.3f')} | {_fmt(r['decode_ms_p99'], '.3f')} | "
                      f"{_fmt(r.get('decode_ms_p50_synced'), '.3f')} | "
                      f"{_fmt(r['tokens_per_s'], ',.0f')} | {spread(r)} | "
                      f"{_fmt(r['speedup_vs_eager'], '.2f')}{' (noisy)' if r.get('noisy') else ''} | {r['baseline']} | "
-                     f"{_fmt(r.get('vs_greedy'), '.2f')} | "
+                     f"{_fmt(r.get('vs_greedy'), '.2f')} | {_fmt(r.get('launches_per_step'), '.0f')} | "
+                     f"{_fmt(r.get('read_gbps'), ',.0f')} | {_fmt(r.get('of_floor'), '.0%')} | "
                      f"{_fmt(r['peak_memory_mib'], ',.0f')} | {_fmt(r['load_s'], '.1f')} | {_fmt(r['warmup_s'], '.1f')} |")
     return "\n".join(lines) + "\n"
+
+
+def floor_line(copy_gbps: float) -> str:
+    return (f"read GB/s: what a decode step must read (every weight once, each row's KV cache) over its p50 time; "
+            f"of floor: that read at the {copy_gbps:,.0f} GB/s a device-to-device copy reached here, over the p50 "
+            f"(100%: memory-bound; launches/step: device operations a step launches, GPU only)")
 
 
 def cpu_line(cpu: dict) -> str:

@@ -42,6 +42,9 @@ def test_bench_writes_json_markdown_and_png(exported_run, tmp_path):
         assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"] and r["spread"] >= 0
         assert r["noisy"] == (r["spread"] > NOISY_SPREAD or next(
             b["spread"] for b in ok if b["backend"] == "torch" and b["batch"] == r["batch"]) > NOISY_SPREAD)
+        assert r["launches_per_step"] is None  # a CPU launches nothing
+        assert r["read_gbps"] == pytest.approx(r["step_read_mb"] / r["decode_ms_p50"])  # MB/ms is GB/s
+        assert r["of_floor"] == pytest.approx(r["floor_ms"] / r["decode_ms_p50"]) and r["floor_ms"] > 0
     assert [r["speedup_vs_eager"] for r in ok if r["backend"] == "torch"] == [1.0, 1.0]
     skipped = [r for r in rows if r["status"] == "skipped"]
     assert skipped and all(r["reason"] and r["decoding"] == "greedy" and "greedy" != r["reason"] for r in skipped)  # say why
@@ -50,6 +53,7 @@ def test_bench_writes_json_markdown_and_png(exported_run, tmp_path):
     table = (run.reports / "bench.md").read_text()
     assert f"model: custom, {bench['model']['parameters']:,} parameters (1 layer, 32 wide, 2 heads); CPU: " in table
     assert table.count("\n| ") == len(rows) + 1 and "| ort | int8-wo | 2 |" in table
+    assert bench["environment"]["copy_gbps"] > 0 and "a device-to-device copy reached here" in table
     assert (run.reports / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     again = runner.invoke(app, _args(run, "--backend", "ort", "--precision", "fp32", "--compare",

@@ -1,10 +1,19 @@
 """The figures of int8_sitting.sh's reports in a few lines: per preset, the triton rows' ms a step and
-tokens/s at each batch, int8-wo over fp16, and validate's relative error, top-1 and greedy agreement.
+tokens/s at each batch, int8-wo over fp16, launches a step and the share of the memory floor where the
+bench recorded them, and validate's relative error, top-1 and greedy agreement.
     python docs/journal/probes/int8_weights/summarise.py OUT_FOLDER"""
 
 import json
 import sys
 from pathlib import Path
+
+
+def floor(fp16: dict, int8: dict) -> str:
+    """Launches a step and the share of the memory floor reached, fp16 / int8-wo (benches before those columns: none)."""
+    if fp16.get("of_floor") is None:
+        return ""
+    return (f" | launches {fp16['launches_per_step'] or 0:.0f} / {int8['launches_per_step'] or 0:.0f}"
+            f" | of floor {fp16['of_floor']:.0%} / {int8['of_floor']:.0%} (read {fp16['step_read_mb']:,.0f} / {int8['step_read_mb']:,.0f} MB)")
 
 
 def main() -> None:
@@ -19,7 +28,8 @@ def main() -> None:
                 print(f"{preset} b{batch}: fp16 {fp16['decode_ms_p50']:.3f} ms {fp16['tokens_per_s']:,.0f} tok/s | "
                       f"int8-wo {int8['decode_ms_p50']:.3f} ms {int8['tokens_per_s']:,.0f} tok/s | "
                       f"step ratio {int8['decode_ms_p50'] / fp16['decode_ms_p50']:.2f} | "
-                      f"memory MiB {fp16.get('peak_memory_mib') or 0:,.0f} / {int8.get('peak_memory_mib') or 0:,.0f}")
+                      f"memory MiB {fp16.get('peak_memory_mib') or 0:,.0f} / {int8.get('peak_memory_mib') or 0:,.0f}"
+                      f"{floor(fp16, int8)}")
         validate = out / f"validate_{preset}.json"
         if validate.exists():
             for r in json.loads(validate.read_text())["rows"]:
