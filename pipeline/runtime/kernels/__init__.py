@@ -1,6 +1,7 @@
 """Hand-written Triton kernels for the triton backend. One GPT-2 decode step is five launches per layer
 (linear_kernels, decode_attention), its tail one more (step_tail), or two that sample (sampling_kernels);
-the prefill has kernels of its own (prefill_kernels), and the tiles each launch takes are data (tiles).
+the prefill has kernels of its own (prefill_kernels; in int8-wo its products read the int8 weights,
+int8_products), and the tiles each launch takes are data (tiles).
 
 At batch 1 to 64 a decode step is bound by kernel launches and by reading the weights once, not by
 arithmetic: cuBLAS plus Inductor spend about 11 kernels per layer (layer norms, GEMMs, bias, GELU,

@@ -24,6 +24,10 @@ class TorchOps:
         return F.layer_norm(x if owed is None else x + owed, x.shape[-1:], weight, bias, eps)
 
     @staticmethod
+    def linear(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(h, w, b)
+
+    @staticmethod
     def add_linear(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         """The residual add of a product: x + a @ w^T (+ b)."""
         return x + F.linear(a, w, b)

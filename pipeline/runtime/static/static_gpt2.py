@@ -96,7 +96,7 @@ class StaticGPT2(torch.nn.Module):
         for i in range(self.n_layer):
             if i:
                 h = ops.layer_norm(x, owed_at(owed, 2 * i), self.ln1_w[i], self.ln1_b[i], self.eps)
-            qkv = F.linear(h, self.qkv_w[i], self.qkv_b[i])  # [B, S, 3C]
+            qkv = ops.linear(h, self.qkv_w[i], self.qkv_b[i])  # [B, S, 3C]
             keys, values = cache[2 * i], cache[2 * i + 1]
             last = last_only and i == self.n_layer - 1
             if causal and not last:
@@ -156,7 +156,7 @@ class StaticGPT2(torch.nn.Module):
 
     def head(self, ops, x: torch.Tensor, owed: torch.Tensor | None) -> torch.Tensor:
         h = ops.layer_norm(x, owed_at(owed, 2 * self.n_layer), self.lnf_w, self.lnf_b, self.eps)
-        return F.linear(h, self.head_w, self.head_b)[..., :self.vocab_size]
+        return ops.linear(h, self.head_w, self.head_b)[..., :self.vocab_size]
 
 
 def owed_at(owed: torch.Tensor | None, k: int) -> torch.Tensor | None:

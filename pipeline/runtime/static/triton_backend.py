@@ -1,5 +1,6 @@
 """Hand-written kernels: the prefill is StaticGPT2's forward in a CUDA graph per prompt shape, with
-its elementwise work fused (prefill_kernels); each decode step is five Triton kernels per layer
+its elementwise work fused (prefill_kernels) and, in int8-wo, its products on the int8 weights the
+decode step reads (int8_products: no float copy of a matrix is held); each decode step is five Triton kernels per layer
 (linear_kernels, decode_attention) captured into one CUDA graph, with attention that reads only the filled part of
 the cache; a greedy step adds one launch that picks the token from the LM head's per-program
 maxima, advances the step's inputs and embeds the next step's token; a sampled step, two that draw
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.kernels.decode_attention import decode_attention
+from pipeline.runtime.kernels.int8_products import Int8WeightOps, RowScaled
 from pipeline.runtime.kernels.linear_kernels import embed, fused_linear, layer_norm
 from pipeline.runtime.kernels.prefill_kernels import TritonOps
 from pipeline.runtime.kernels.sampling_kernels import sample_rows
@@ -41,7 +43,9 @@ class TritonBackend(StaticCacheBackend):
             raise BackendUnavailable(f"triton needs a power-of-two head size; this model's is {head_dim}")
         super().__init__(model, ACTIVATIONS[precision], device, cuda_graphs)
         self.precision = precision
-        self.decode_weights = DecodeWeights(self.net, int8_weights)
+        if int8_weights is not None:
+            int8_matrices(self.net, int8_weights)
+        self.decode_weights = DecodeWeights(self.net)
         # programmatic dependent launch (the kernels package docstring) needs Hopper's griddepcontrol
         self.pdl_capable = self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (9, 0)
 
@@ -150,28 +154,42 @@ class TritonBackend(StaticCacheBackend):
 ACTIVATIONS = {"fp32": "fp32", "fp16": "fp16", "int8-wo": "fp16"}
 
 
+def int8_matrices(net, int8: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """int8-wo: every product's float weights of StaticGPT2 replaced by the int8 ones with their scales
+    (int8_weights), which the prefill's products (int8_products) and the decode step's both read, so no
+    float copy of the matrices is held; the token embedding stays float (the head has its own copy)."""
+    for name in MATRICES:
+        q, scale = int8[name]
+        rows, device = getattr(net, f"{name}_w").shape[0], net.wte.device
+        delattr(net, f"{name}_w")  # the float matrix's last reference
+        if name == "head":  # StaticGPT2 pads the head's rows (VOCAB_ALIGN): zero rows, scale 1
+            q, scale = F.pad(q, (0, 0, 0, rows - q.shape[0])), F.pad(scale, (0, rows - q.shape[0]), value=1.0)
+        setattr(net, f"{name}_w", RowScaled(q.to(device).contiguous(), scale.to(device, torch.float32).contiguous()))
+    net.prefill_ops = Int8WeightOps
+    if net.wte.device.type == "cuda":
+        torch.cuda.empty_cache()  # the float matrices' memory back to the device, not held by the allocator
+
+
+MATRICES = ("qkv", "proj", "fc", "fc2", "head")
+
+
 class DecodeWeights:
     """The decode step's weights, each with what its fused linear takes besides: the float weights
     (StaticGPT2's, layer norms folded in), or in int8-wo the int8 ones with a scale per output
-    (int8_weights; the prefill keeps the float ones), and for the products after a layer norm each
-    output's weights summed (the tiles normalise after the product: _tile_product)."""
+    (int8_matrices), and for the products after a layer norm each output's weights summed (the tiles
+    normalise after the product: _tile_product)."""
 
-    def __init__(self, net, int8: dict[str, tuple[torch.Tensor, torch.Tensor]] | None):
-        self.narrow = int8 is not None  # one-byte weights: their own tiles (linear_config)
+    def __init__(self, net):
+        self.narrow = isinstance(net.qkv_w, RowScaled)  # one-byte weights: their own tiles (linear_config)
         self.weights: dict[str, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = {}
-        for name, w in (("qkv", net.qkv_w), ("proj", net.proj_w), ("fc", net.fc_w), ("fc2", net.fc2_w),
-                        ("head", net.head_w)):
-            w = w.detach()
-            if int8 is None:
+        for name in MATRICES:
+            w = getattr(net, f"{name}_w")
+            if isinstance(w, RowScaled):
+                # each output's real weights summed: its integers' sum (exact in fp32) times its scale
+                self.weights[name] = (w.q, w.scale, w.q.sum(-1, dtype=torch.float32) * w.scale)
+            else:
+                w = w.detach()
                 self.weights[name] = (w, None, w.sum(-1, dtype=torch.float32))
-                continue
-            q, scale = int8[name]
-            if name == "head":  # StaticGPT2 pads the head's rows (VOCAB_ALIGN): zero rows, scale 1
-                rows = w.shape[0] - q.shape[0]
-                q, scale = F.pad(q, (0, 0, 0, rows)), F.pad(scale, (0, rows), value=1.0)
-            q, scale = q.to(w.device).contiguous(), scale.to(w.device, torch.float32).contiguous()
-            # each output's real weights summed: its integers' sum (exact in fp32) times its scale
-            self.weights[name] = (q, scale, q.sum(-1, dtype=torch.float32) * scale)
 
     def of(self, name: str, layer: int | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         w, scale, sums = self.weights[name]

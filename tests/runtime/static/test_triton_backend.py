@@ -125,6 +125,32 @@ def test_int8_wo_runs_the_int8_wo_graphs_weights_and_answers_as_onnx_runtime_doe
     assert against_ort < 2e-3 and against_ort < compare_logits(ort_logits, reference)["rel_error"] / 2
 
 
+def test_int8_wo_holds_its_matrices_in_int8_only_and_prefills_on_them(model, int8_weights):
+    """No float copy of a product's weights is kept for the prefill: every matrix is the graph's int8
+    with its scales, and the weights the backend holds are fewer bytes than the fp16 backend's. Its
+    prefill logits are StaticGPT2 fp32's within int8-wo's budget."""
+    from pipeline.runtime.kernels.int8_products import RowScaled
+
+    int8, fp16 = TritonBackend(model, "int8-wo", "cpu", int8_weights=int8_weights), TritonBackend(model, "fp16", "cpu")
+    for name in ("qkv", "proj", "fc", "fc2", "head"):
+        assert isinstance(getattr(int8.net, f"{name}_w"), RowScaled) and getattr(int8.net, f"{name}_w").q.dtype == torch.int8
+
+    def held(backend) -> int:
+        tensors = {id(t): t for t in backend.net.parameters()}
+        for w, scale, sums in backend.decode_weights.weights.values():
+            tensors.update({id(t): t for t in (w, scale, sums) if t is not None})
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    assert held(int8) < 0.75 * held(fp16)
+    batch = left_pad(PROMPTS, 0, torch.device("cpu"))
+    reference = TorchCompiledBackend(model, "fp32", "cpu", compile=False)
+    for backend in (reference, int8):
+        backend.reset(len(PROMPTS), 128)
+    want, got = reference.prefill(batch, last_only=False).clone(), int8.prefill(batch, last_only=False).float()
+    real = batch.attention_mask.bool()
+    assert compare_logits(got[real], want[real])["rel_error"] < PRECISIONS["int8-wo"].budget.max_rel_error
+
+
 def test_int8_wo_needs_its_graphs_weights(model, int8_weights):
     with pytest.raises(ValueError, match="int8_weights go with precision int8-wo"):
         TritonBackend(model, "int8-wo", "cpu")
