@@ -5,6 +5,7 @@
 PY      ?= python3
 VENV    ?= .venv
 TRITON_VENV ?= .venv-triton
+OPTIMUM_VENV ?= .venv-optimum
 PRESET  ?= tiny
 RUN     ?= $(PRESET)
 ART     ?= artifacts
@@ -22,7 +23,7 @@ BENCH_ARGS  ?= $(if $(filter tiny,$(PRESET)),--batch 1$(comma)8)
 CLI   := $(VENV)/bin/gpt2-deploy
 STAGE := --preset $(PRESET) --run $(RUN) --artifacts $(ART) $(ARGS)
 
-.PHONY: all install finetune export build-engine validate bench profile train-bench doctor lint test clean triton-env FORCE
+.PHONY: all install finetune export build-engine validate bench profile train-bench doctor lint test clean triton-env optimum-env compare-optimum FORCE
 # the main job: every stage on the embedded default, end to end
 all: finetune export build-engine validate bench
 
@@ -63,6 +64,17 @@ triton-env: install
 	$(TRITON_VENV)/bin/python -m pip install -q "numpy<2" "ml_dtypes>=0.5,<0.6" nvidia-pytriton==0.7.0 --no-deps
 	$(VENV)/bin/python -c "import site; print(f'import site; site.addsitedir({site.getsitepackages()[0]!r})')" \
 	  > "$$($(TRITON_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/gpt2_deploy.pth"
+
+# Optimum's own environment (its ONNX exporter needs transformers 4.x), and our CPU backends against its
+# best on the run's checkpoint (python -m pipeline.optimum_compare; the ort target's fp32 and int8 first)
+optimum-env:
+	test -x $(OPTIMUM_VENV)/bin/python || $(PY) -m venv $(OPTIMUM_VENV)
+	$(OPTIMUM_VENV)/bin/python -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")
+	$(OPTIMUM_VENV)/bin/python -m pip install -q "transformers<4.58" "optimum-onnx[onnxruntime]==0.1.0"
+
+compare-optimum: install optimum-env
+	$(CLI) export $(STAGE) --target ort --precision fp32 --precision int8
+	$(VENV)/bin/python -m pipeline.optimum_compare --run $(RUN) --artifacts $(ART) --optimum-python $(OPTIMUM_VENV)/bin/python
 
 profile: install
 	$(CLI) profile $(STAGE)

@@ -24,7 +24,8 @@ LAYERS = [
     ["pipeline.runtime", "pipeline.runtime.*"],
     ["pipeline.accuracy", "pipeline.machine"],
     ["pipeline.train", "pipeline.train.*", "pipeline.export", "pipeline.export.*", "pipeline.engines.stage",
-     "pipeline.validate", "pipeline.polygraphy_check", "pipeline.bench", "pipeline.bench_report", "pipeline.step_cost", "pipeline.doctor",
+     "pipeline.validate", "pipeline.polygraphy_check", "pipeline.bench", "pipeline.bench_report", "pipeline.step_cost",
+     "pipeline.optimum_compare", "pipeline.optimum_worker", "pipeline.doctor",
      "pipeline.tritonserver", "pipeline.tritonserver.*"],
     ["pipeline.cli", "pipeline.cli_errors", "serve", "serve.*"],
 ]
