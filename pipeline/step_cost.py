@@ -2,7 +2,7 @@
 (each weight once at its precision's width, and every row's KV cache up to its position), the time
 those take at the device's measured copy bandwidth (the memory floor), and how many device operations
 (kernels, copies, fills) the step launches. A step far from its floor with many launches is
-launch-bound, not memory-bound (docs/journal/performance.md, "Launch-bound")."""
+launch-bound, not memory-bound (docs/journal/performance.md, "The step against its memory floor")."""
 
 from __future__ import annotations
 
