@@ -234,7 +234,8 @@ def generate(prompt: Annotated[list[str], typer.Argument(help="One or more promp
 @user_errors
 def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None, run: RunName = None,
           artifacts: Artifacts = ARTIFACTS_ROOT, device: Device = "auto",
-          backend: BackendName = "ort", precision: PrecisionName = "fp32",
+          backend: Annotated[Optional[str], typer.Option(help=f"One of {BACKEND_NAMES}; default: the fastest the run has.")] = None,
+          precision: Annotated[Optional[str], typer.Option(help=f"One of {', '.join(PRECISIONS)}; default: the fastest.")] = None,
           host: Annotated[Optional[str], typer.Option(help="Address to listen on (config serve.host, default 127.0.0.1).")] = None,
           port: Annotated[Optional[int], typer.Option(
               min=1, max=65535, help="Port to listen on (config serve.port, default 8000).")] = None,
@@ -251,19 +252,26 @@ def serve(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = None,
           http_processes: Annotated[Optional[int], typer.Option(
               min=0, help="HTTP processes relaying the one engine (config serve.http_processes; default 0: 8 with a GPU "
                           "(at most half the cores), 1 on a CPU).")] = None,
+          deterministic: Annotated[bool, typer.Option("--deterministic", metavar="", help="Every request's tokens the same alone "
+                                                      "and beside any others (seeded ones too), at some throughput.")] = False,
           docs: Annotated[bool, typer.Option("--docs", metavar="", help="Also serve /docs and /openapi.json.")] = False) -> None:
     """Serve generation over HTTP: OpenAI's /v1/completions, /generate, /batch_generate, /health, /ready, /metrics."""
     try:
         from serve.server import serve_run
     except ImportError as e:
         raise UserError(f"serving needs the [serve] extra ({e.name} is missing): pip install 'gpt2-deploy[serve]'") from None
-    from serve.engine.messages import EngineSpec
+    from pipeline.engine_process.messages import EngineSpec
 
     flags = {"host": host, "port": port, "max_body": max_body, "queue": queue, "max_rows": max_rows, "timeout_s": timeout,
              "http_processes": http_processes}
     sets = [*(sets or []), *(f"serve.{key}={value}" for key, value in flags.items() if value is not None)]
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
-    spec = EngineSpec(rundir.root.resolve(), backend, precision, str(_device(device)), cfg.serve.max_rows, continuous)
+    where = _device(device)
+    if backend is None:
+        from pipeline.runtime.loader import fastest_ready
+        backend, precision = fastest_ready(rundir, where, precision)
+    spec = EngineSpec(rundir.root.resolve(), backend, precision or ("fp16" if where.type == "cuda" else "fp32"),
+                      str(where), cfg.serve.max_rows, continuous, deterministic)
     failed = serve_run(spec, rundir.checkpoint, cfg.serve, cfg.serve.model_name or cfg.run_name, docs)
     if failed:
         raise typer.Exit(failed)
@@ -278,15 +286,23 @@ def package(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = Non
             precision: PrecisionName = "fp16",
             device: Annotated[str, typer.Option(help="Where the generation model runs: cuda or cpu.")] = "cuda",
             name: Annotated[str, typer.Option(help="The generation model's name; the raw graphs' start with it.")] = "gpt2",
-            max_rows: Annotated[int, typer.Option(min=1, help="Prompts the generation model decodes at once.")] = 64) -> None:
+            max_rows: Annotated[int, typer.Option(min=1, help="Prompts the generation model decodes at once.")] = 64,
+            instances: Annotated[int, typer.Option(min=1, help="Model instances (each its own engine process) on the CPU "
+                                                           "or on each GPU.")] = 1,
+            gpus: Annotated[Optional[str], typer.Option(help="The GPUs the instances run on, e.g. 0,1 (default: every "
+                                                        "GPU of the server).")] = None) -> None:
     """Package the run for an inference server: <run>/triton, a model repository Triton Inference Server loads."""
     from pipeline.tritonserver.repository import package_triton
 
     if fmt != "triton":
         raise UserError(f"--format {fmt}: the one format is triton")
+    try:
+        indices = None if gpus is None else [int(g) for g in gpus.split(",")]
+    except ValueError:
+        raise UserError(f"--gpus {gpus}: GPU indices separated by commas, e.g. 0,1") from None
     _, rundir = _setup(preset, config, sets, run, artifacts)
     with rundir.exclusive("package"):
-        package_triton(rundir, backend, precision, device, name, max_rows, force)
+        package_triton(rundir, backend, precision, device, name, max_rows, force, instances, indices)
 
 
 @app.command("triton-server")

@@ -7,7 +7,7 @@
     GET  /v1/models, POST /v1/completions  OpenAI's (serve.openai_api)
     POST /tokenize, /detokenize, GET /tokenizer_info  the tokenizer, as vLLM's (serve.tokenizer_api)
 
-The engine, a process of its own (serve.engine_process), owns the backend; one or more HTTP processes
+The engine, a process of its own (pipeline.engine_process), owns the backend; one or more HTTP processes
 (serve.server) each run this app over a channel to it. Its scheduler thread runs the
 requests (pipeline.runtime.scheduler): continuously batched on the static-cache backends
 (torch-compiled, triton), one at a time on the others; its graphs are captured before the app
@@ -29,8 +29,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.config import ServeConfig
+from pipeline.engine_process.parent import EngineClient, EngineStopped, QueueFull
 from pipeline.errors import UserError
-from serve.engine.parent import EngineClient, EngineStopped, QueueFull
 from serve.errors import TimedOut, UnknownModel, error
 from serve.metrics import ServeMetrics
 from serve.middleware import Admission, BodyLimit
@@ -51,7 +51,7 @@ class Service:
 def create_service(channel: tuple, info: dict, waiting, tokenizer, settings: ServeConfig, model_name: str,
                    docs: bool = False) -> Service:
     """The app of one HTTP process over its channel to the engine, `waiting` the count of requests
-    not yet started that every HTTP process shares (serve.engine_process.EngineProcess)."""
+    not yet started that every HTTP process shares (pipeline.engine_process.EngineProcess)."""
     # a request runs all its prompts at once: more than the rows, or than the runtime takes, would never start
     limits = [settings.max_prompts, info["runtime_max_rows"] or settings.max_prompts]
     if info["scheduler"] == "continuous":

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
+from pipeline.engine_process.parent import EngineStopped
 from pipeline.errors import UserError
-from serve.engine.parent import EngineStopped
 
 
 class TimedOut(Exception):

@@ -33,12 +33,12 @@ from prometheus_client import multiprocess
 
 from pipeline.config import ServeConfig
 from pipeline.cores import usable_cores
+from pipeline.engine_process.messages import EngineSpec
+from pipeline.engine_process.parent import EngineProcess
 from pipeline.errors import UserError
 from pipeline.progress import console
 from pipeline.tokenizer import load_tokenizer
 from serve.app import Service, create_service
-from serve.engine.messages import EngineSpec
-from serve.engine.parent import EngineProcess
 from serve.middleware import HeadTimeout
 
 # with a GPU, 8: each process relays its streams in smaller bunches than 4 did (docs/journal/performance.md)

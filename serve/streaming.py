@@ -1,5 +1,5 @@
 """From the engine to a request's handler: a job's steps, as the event loop reads them from the
-engine's pipe (serve.engine_process.EngineClient), turned into each prompt's tokens and text (stop tokens,
+engine's pipe (pipeline.engine_process.EngineClient), turned into each prompt's tokens and text (stop tokens,
 stop strings, length), and the request's timings and outcome recorded."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
+from pipeline.engine_process.parent import EngineClient
 from pipeline.errors import UserError
 from pipeline.runtime.generate import check_length
 from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.scoring import Scores
 from pipeline.runtime.text_output import RowOutput
 from pipeline.tokenizer import decoded, encode, token_bytes
-from serve.engine.parent import EngineClient
 from serve.errors import TimedOut
 from serve.metrics import ServeMetrics
 

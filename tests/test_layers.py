@@ -26,7 +26,7 @@ LAYERS = [
     ["pipeline.train", "pipeline.train.*", "pipeline.export", "pipeline.export.*", "pipeline.engines.stage",
      "pipeline.validate", "pipeline.polygraphy_check", "pipeline.bench", "pipeline.bench_report", "pipeline.step_cost",
      "pipeline.optimum_compare", "pipeline.optimum_worker", "pipeline.doctor",
-     "pipeline.tritonserver", "pipeline.tritonserver.*"],
+     "pipeline.tritonserver", "pipeline.tritonserver.*", "pipeline.engine_process", "pipeline.engine_process.*"],
     ["pipeline.cli", "pipeline.cli_errors", "serve", "serve.*"],
 ]
 # packages only the CLI (and each package itself) may import: the commands they serve are the CLI's

@@ -36,7 +36,7 @@ class InboxClosed(Exception):
 
 class Inbox:
     """Where a scheduler takes its jobs from: a queue that any thread submits to. The serving engine has
-    its own (serve.engine_process.Commands), read by the scheduler's thread itself."""
+    its own (pipeline.engine_process.Commands), read by the scheduler's thread itself."""
 
     def __init__(self) -> None:
         self.queue: queue.Queue[Job | None] = queue.Queue()

@@ -8,8 +8,10 @@ runs only the one export (and build-engine) made from the checkpoint that is the
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import GPT2Config
@@ -175,6 +177,41 @@ def open_backend(run: RunDir, name: str, precision: str, device: torch.device, m
     if spec.reads == "checkpoint" and precision == "fp16" and device.type != "cuda":
         raise BackendUnavailable("fp16 PyTorch runs on a GPU only (no CUDA device here)")
     return spec.open(run, precision, device, model)
+
+
+# The backends serve opens when none is named, fastest first: the first whose artifact the run has.
+# On x86 processors whose int8 kernels were measured (torch's kernel capability, which `doctor` and every
+# report name) the ort target's int8 was the fastest row at every batch measured, on VNNI and on AVX2
+# kernels alike (artifacts/results/optimum_cpu/); elsewhere its kernels are unmeasured and fp32 leads.
+FASTEST_CPU = {
+    "AVX512": (("ort-fused", "int8"), ("ort-fused", "fp32"), ("ort", "fp32"), ("torch", "fp32")),
+    "AVX2": (("ort-fused", "int8"), ("ort-fused", "fp32"), ("ort", "fp32"), ("torch", "fp32")),
+}
+FASTEST_CPU_OTHER = (("ort-fused", "fp32"), ("ort", "fp32"), ("torch", "fp32"))
+FASTEST_GPU = (("triton", "fp16"), ("ort-fused", "fp16"), ("torch-compiled", "fp16"))
+
+
+def fastest_ready(run: RunDir, device: torch.device, precision: str | None = None) -> tuple[str, str]:
+    """The fastest (backend, precision) this run can open on the device (of `precision`, if given):
+    the first of the device's table whose artifact is there and is this checkpoint's."""
+    table = (FASTEST_GPU if device.type == "cuda"
+             else FASTEST_CPU.get(torch.backends.cpu.get_cpu_capability(), FASTEST_CPU_OTHER))
+    for name, p in [(b, p) for b, p in table if precision in (None, p)]:
+        spec = BACKENDS[name]
+        if not artifact_path(run, spec.reads_for(p), p).exists() or (name == "triton" and importlib.util.find_spec("triton") is None):
+            continue
+        spec.verify(run, p)  # a graph of another checkpoint is an error, not a reason to fall back
+        return name, p
+    raise UserError(f"nothing in {run.root} runs {precision or 'here'} on the {device.type.upper()}: "
+                             "run `gpt2-deploy finetune` (and `export`) first, or name --backend")
+
+
+def artifact_path(run: RunDir, reads: str, precision: str) -> Path:
+    """The file whose presence says a run has what a backend reads: the checkpoint or a graph (the
+    fastest tables list no engine backend)."""
+    if reads == "checkpoint":
+        return run.checkpoint / "config.json"
+    return run.onnx(precision, ORT if reads == "onnx-ort" else PORTABLE) / "model.onnx"
 
 
 def default_matrix(validated_only: bool = True) -> list[tuple[str, str]]:

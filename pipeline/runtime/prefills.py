@@ -13,8 +13,10 @@ from pipeline.runtime.static.static_backend import PREFILL_GRAPHS, CacheSlot, St
 
 
 class Prefills:
-    def __init__(self, backend: StaticCacheBackend, max_rows: int, pad_id: int):
-        self.backend, self.pad_id = backend, pad_id
+    def __init__(self, backend: StaticCacheBackend, max_rows: int, pad_id: int, exact: bool = False):
+        """exact: each prompt is prefilled at its own length, padded to no bucket (row-local serving,
+        which prefills one prompt at a time: a prompt's prefill is then the same alone or under load)."""
+        self.backend, self.pad_id, self.exact = backend, pad_id, exact
         joins = sorted({b for b in ROW_BUCKETS if b < min(JOIN_ROWS, max_rows)} | {min(JOIN_ROWS, max_rows)})
         cache = backend.new_slot(joins[-1], backend.n_positions)
         self.slots = {b: backend.new_slot(b, backend.n_positions, rows_of=cache) for b in joins}
@@ -25,7 +27,7 @@ class Prefills:
     def width_of(self, prompts: list[list[int]]) -> int:
         """The width bucket the longest of the prompts is padded to."""
         longest = max(map(len, prompts))
-        return next(w for w in self.widths if w >= longest)
+        return longest if self.exact else next(w for w in self.widths if w >= longest)
 
     def run(self, prompts: list[list[int]], width: int) -> tuple[torch.Tensor, CacheSlot]:
         """Prefill up to JOIN_ROWS prompts, left-padded to `width`, in the join bucket's slot (as many rows
@@ -39,6 +41,6 @@ class Prefills:
 
     def warm_up(self) -> None:
         """Capture the prefill graph of every join bucket and width, largest first (they share one memory pool)."""
-        for width in reversed(self.widths):
+        for width in [] if self.exact else reversed(self.widths):
             for rows in reversed(self.slots):
                 self.run([[0]] * rows, width)

@@ -56,14 +56,16 @@ class RowTable:
     next (`column`), and the device inputs of every row: next token, position, `live` (the fused steps'
     advance: 0 keeps a free row at position 0) and first filled slot."""
 
-    def __init__(self, backend: StaticCacheBackend, max_rows: int):
+    def __init__(self, backend: StaticCacheBackend, max_rows: int, one_bucket: bool = False):
+        """one_bucket: every step computes all max_rows rows (row-local serving: a product's rows are then
+        computed in one shape, whatever the load)."""
         self.backend, self.max_rows = backend, max_rows
         # room for a row of the longest job to start anywhere up to the model's context
         self.columns = 2 * backend.n_positions
         self.batch = backend.new_slot(max_rows, self.columns)
         # the cache as [layers, rows, H, T, D]: one copy for every layer where the backend keeps one buffer
         self.layers = layered(self.batch)
-        sizes = sorted({b for b in ROW_BUCKETS if b < max_rows} | {max_rows})
+        sizes = sorted({b for b in ROW_BUCKETS if b < max_rows and not one_bucket} | {max_rows})
         self.buckets = {b: backend.new_slot(b, self.columns, rows_of=self.batch) for b in sizes}
         # the buckets' inputs are views of the batch's; free rows (a bucket's idle rows, computed for nothing)
         # hold position 0 and a departed row's token, and `live` 0 keeps them there

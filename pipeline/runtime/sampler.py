@@ -74,6 +74,23 @@ def sample(logits: torch.Tensor, table: SamplingTable, positions: torch.Tensor, 
     return token
 
 
+def sample_rows_alone(logits: torch.Tensor, table: SamplingTable, positions: torch.Tensor) -> torch.Tensor:
+    """`sample` of each row of logits [n, V] by table row i, each sampled row alone: its sums over the
+    vocabulary are then split the same way in any batch (a batch's reduction splits a lone row over
+    threads, where several rows each take one). Greedy rows go together: the penalties are elementwise
+    and an argmax is exact, in any batch."""
+    positions = positions.reshape(-1)
+    rows = torch.arange(len(logits), device=logits.device)
+    token = torch.empty(len(logits), dtype=torch.long, device=logits.device)
+    drawn = table.floats[:len(logits), 0] > 0  # temperature
+    greedy = rows[~drawn]
+    if len(greedy):
+        token[greedy] = sample(logits[greedy], table, positions[greedy], greedy)
+    for i in rows[drawn].tolist():
+        token[i] = sample(logits[i:i + 1], table, positions[i:i + 1], rows[i:i + 1])[0]
+    return token
+
+
 def sample_reference(logits: torch.Tensor, table: SamplingTable, positions: torch.Tensor,
                      rows: torch.Tensor | None = None) -> torch.Tensor:
     """`sample` in torch ops, row by row alike (a CPU's, and the kernel's reference)."""

@@ -44,7 +44,7 @@ def no_flush() -> None:
 class SchedulerBase:
     """The inbox and the thread; a subclass runs the jobs it takes (serve) and calls `started` as a job
     leaves the waiting ones (to run, or cancelled before it ran), also one the scheduler took from the
-    inbox to wait for rows: the waiting-queue cap counts on it (serve.engine_process). `flush` is called once
+    inbox to wait for rows: the waiting-queue cap counts on it (pipeline.engine_process). `flush` is called once
     what a step delivered is all delivered: a consumer that batches deliveries sends them then."""
 
     def __init__(self, flush: Callable[[], None] = no_flush, inbox: Inbox | None = None):
@@ -124,8 +124,12 @@ class ContinuousScheduler(SchedulerBase):
                  flush: Callable[[], None] = no_flush, inbox: Inbox | None = None):
         super().__init__(flush, inbox)
         self.backend, self.pad_id, self.max_rows = backend, pad_id, max_rows
-        self.table = RowTable(backend, max_rows)
-        self.prefills = Prefills(backend, max_rows, pad_id)
+        # a row-local backend (serve --deterministic): every row's tokens the same alone or under load, so
+        # one shape of step for every load, and each prompt prefilled alone at its own length
+        row_local = backend.row_local
+        self.join_rows = 1 if row_local else JOIN_ROWS
+        self.table = RowTable(backend, max_rows, one_bucket=row_local)
+        self.prefills = Prefills(backend, max_rows, pad_id, exact=row_local)
         self.admission = Admission(self.inbox, self.table, self.prefills.width_of, self.started, self.dropped)
         self.running: dict[Job, Running] = {}
         self.unread: list[Readback] = []  # picked on the device, not yet read by the host
@@ -198,8 +202,8 @@ class ContinuousScheduler(SchedulerBase):
         rows_in = torch.tensor([indices, lengths, [column - n for n in lengths]])
         where = positions = firsts = None
         picked = []
-        for start in range(0, len(rows), JOIN_ROWS):
-            chunk = rows[start:start + JOIN_ROWS]
+        for start in range(0, len(rows), self.join_rows):
+            chunk = rows[start:start + self.join_rows]
             width = self.prefills.width_of([r.job.prompts[r.prompt] for r in chunk])
             logits, prefilled = self.prefills.run([r.job.prompts[r.prompt] for r in chunk], width)
             if where is None:
@@ -316,9 +320,15 @@ class ContinuousScheduler(SchedulerBase):
 
 
 def make_scheduler(backend, pad_id: int, max_rows: int = 64, continuous: bool = True,
-                   flush: Callable[[], None] = no_flush, inbox: Inbox | None = None) -> SchedulerBase:
-    """Continuous batching where the backend allows it (and `continuous`), else one job at a time."""
+                   flush: Callable[[], None] = no_flush, inbox: Inbox | None = None,
+                   deterministic: bool = False) -> SchedulerBase:
+    """Continuous batching where the backend allows it (and `continuous`), else one job at a time.
+    deterministic: every request's tokens the same alone and beside any others: a continuous backend's
+    rows are computed row-local (StaticCacheBackend.make_row_local); one job at a time computes each
+    request apart already."""
     if continuous and isinstance(backend, StaticCacheBackend):
+        if deterministic:
+            backend.make_row_local()
         scheduler = ContinuousScheduler(backend, pad_id, max_rows, flush, inbox)
         scheduler.warm_up()
         return scheduler

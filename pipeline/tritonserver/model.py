@@ -1,39 +1,44 @@
 """The generation model of a Triton Inference Server repository: `gpt2-deploy package --format triton`
 copies this file there as <model>/1/model.py, beside the run it serves (<model>/1/run). It runs on
-Triton's Python backend, decoupled, and drives this project's runtime: the backend the repository
-was packaged for and its scheduler, with continuous batching across the requests in flight.
+Triton's Python backend, decoupled. Each model instance starts this project's engine process
+(pipeline.engine_process: the backend the repository was packaged for, on the instance's device, and
+its continuous scheduler, as `gpt2-deploy serve` runs them), so this process only turns requests into
+jobs and the engine's token messages into responses: with the scheduler in this process, it and the
+response sender shared one GIL and the engine gave 38% of serve's tokens/s at 64 clients
+(docs/journal/performance.md, "Sampling: the check over the GPU; Triton served").
 
 Requests come through Triton's generate endpoints (or its gRPC stream), with TensorRT-LLM's names:
 text_input, and optional max_tokens, temperature (absent or 0: greedy), top_p, top_k, seed, stop,
 repetition_penalty, presence_penalty, frequency_penalty, stream, ignore_eos. With stream true a request gets a
-response for each step (the text and tokens it adds; those of several steps in one when the sender
-falls behind), else one at its end; its last response carries
-finish_reason, "stop" or "length". A value out of range is refused with a message naming it.
-
-The scheduler runs on a thread of its own and hands each step to a sender thread, which turns tokens
-into text and talks to Triton, so the steps never wait on the server's responses."""
+response for each step (the text and tokens it adds; those of several steps in one when the reader
+falls behind), else one at its end; its last response carries finish_reason, "stop" or "length". A
+value out of range is refused with a message naming it (the limits of sampling.LIMITS, serve's own).
+A client that goes away has its row freed at the engine's next step. Each instance's requests taken,
+tokens generated, requests waiting for rows and running are the metrics gpt2deploy_requests,
+gpt2deploy_generation_tokens, gpt2deploy_requests_waiting and gpt2deploy_requests_running on Triton's
+metrics port."""
 
 from __future__ import annotations
 
+import itertools
 import json
-import queue
+import multiprocessing
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 import triton_python_backend_utils as pb_utils
 
 from pipeline.artifacts import RunDir
+from pipeline.engine_process.messages import STARTED, Cancel, End, EngineSpec, Submit
+from pipeline.engine_process.parent import EngineProcess
 from pipeline.errors import UserError
 from pipeline.runtime.generate import check_length
-from pipeline.runtime.jobs import Inbox, Job
 from pipeline.runtime.sampling import Sampling, refuse_out_of_range
-from pipeline.runtime.scheduler import make_scheduler
-from pipeline.runtime.session import open_session
 from pipeline.runtime.text_output import RowOutput
-from pipeline.tokenizer import token_bytes
+from pipeline.tokenizer import encode, load_tokenizer, token_bytes
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # each optional input: its default, and the Sampling field whose limits (sampling.LIMITS) it takes
@@ -45,11 +50,12 @@ SETTINGS = {"max_tokens": (16, "max_new_tokens"), "temperature": (0.0, "temperat
 @dataclass(eq=False)
 class InFlight:
     """One request in flight: its text so far, whether it streams, and where its responses go."""
+    id: int
     sender: object  # pb_utils.InferenceResponseSender
     cancelled: object  # () -> bool: the client has gone
     row: RowOutput
     stream: bool
-    job: Job | None = None
+    started: bool = False
     done: bool = False
 
 
@@ -59,26 +65,56 @@ class TritonPythonModel:
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         device = "cpu" if args["model_instance_kind"] == "CPU" else f"cuda:{args['model_instance_device_id']}"
         run = RunDir(Path(args["model_repository"]) / args["model_version"] / "run")
-        self.session = open_session(run, parameters["backend"], parameters["precision"], torch.device(device))
-        self.table = token_bytes(self.session.tokenizer)
-        self.inbox, self.deliveries = Inbox(), queue.Queue()
-        self.scheduler = make_scheduler(self.session.backend, self.session.eos, int(parameters["max_rows"]),
-                                        inbox=self.inbox)
-        self.sender = threading.Thread(target=self.send, name="sender", daemon=True)
-        self.sender.start()
-        self.scheduler.start()
+        self.tokenizer = load_tokenizer(run.checkpoint)
+        self.eos, self.table = self.tokenizer.eos_token_id, token_bytes(self.tokenizer)
+        # the stub embeds Python: the engine process is spawned from this environment's interpreter
+        multiprocessing.set_executable(str(Path(sys.exec_prefix) / "bin" / "python3"))
+        spec = EngineSpec(run.root.resolve(), parameters["backend"], parameters["precision"], device,
+                          int(parameters["max_rows"]), continuous=True)
+        self.engine = EngineProcess(spec, self.eos)
+        self.commands, self.results = self.engine.channels[0]
+        self.context = self.engine.info["context"]
+        self.inflight: dict[int, InFlight] = {}
+        self.ids, self.sending = itertools.count(), threading.Lock()
+        labels = {"model": args["model_name"], "instance": args["model_instance_name"]}
+        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
+        # the families outlive their metrics (Triton refuses a metric whose family has gone)
+        self.families = {name: pb_utils.MetricFamily(f"gpt2deploy_{name}", about, kind) for name, about, kind in [
+            ("requests_waiting", "Requests queued for rows, not yet running", gauge),
+            ("requests_running", "Requests generating now", gauge),
+            ("requests", "Generation requests this instance took", counter),
+            ("generation_tokens", "Tokens this instance generated", counter)]}
+        self.waiting, self.running, self.taken, self.generated = (f.Metric(labels) for f in self.families.values())
+        self.reader = threading.Thread(target=self.read, name="engine-reader", daemon=True)
+        self.reader.start()
 
     def execute(self, requests: list) -> None:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                self.inbox.submit(self.job(request, sender))
+                state, prompt, sampling = self.job(request, sender)
             except Exception as e:  # the request's error (400 on HTTP); the others in this call go on
                 sender.send(_error(e), flags=FINAL)
+                continue
+            with self.sending:
+                self.inflight[state.id] = state
+                self.taken.increment(1)
+                self.count()
+                self.commands.send(Submit(state.id, [prompt], sampling))
         return None
 
-    def job(self, request, sender) -> Job:
-        """The request as a scheduler job, its values checked first."""
+    def send(self, message: Cancel | End) -> None:
+        with self.sending:
+            self.commands.send(message)
+
+    def count(self) -> None:
+        """The metrics from the requests in flight (called holding `sending`)."""
+        waiting = sum(not s.started for s in self.inflight.values())
+        self.waiting.set(waiting)
+        self.running.set(len(self.inflight) - waiting)
+
+    def job(self, request, sender) -> tuple[InFlight, list[int], Sampling]:
+        """The request as a job for the engine, its values checked first."""
         text = _strings(request, "text_input")
         if len(text) != 1:
             raise UserError(f"text_input: one prompt a request, got {len(text)}")
@@ -91,36 +127,31 @@ class TritonPythonModel:
         stream = bool(_scalar(request, "stream", False))
         ignore_eos = bool(_scalar(request, "ignore_eos", False))  # vLLM's: every request its whole length (load tests)
         sampling = Sampling.from_openai(values.pop("max_tokens"), values.pop("temperature"),
-                                        () if ignore_eos else (self.session.eos,), **values)
+                                        () if ignore_eos else (self.eos,), **values)
         sampling.check()
-        prompt = self.session.encode(text[0], "text_input")
-        check_length(len(prompt), sampling.max_new_tokens, self.session.backend.n_positions, "max_tokens")
-        state = InFlight(sender, request.is_cancelled, RowOutput(self.table, sampling, tuple(_strings(request, "stop"))),
-                        stream)
-        state.job = Job([prompt], sampling, lambda item: self.deliveries.put((state, item)))
-        return state.job
+        prompt = encode(self.tokenizer, text[0], "text_input")
+        check_length(len(prompt), sampling.max_new_tokens, self.context, "max_tokens")
+        state = InFlight(next(self.ids), sender, request.is_cancelled,
+                         RowOutput(self.table, sampling, tuple(_strings(request, "stop"))), stream)
+        return state, prompt, sampling
 
-    def send(self) -> None:
-        """The sender thread: each step's tokens as text to its request, until finalize. What queued
-        while it sent goes out as one response a request: each response is a round trip to the Triton
-        server, and one a token a row held 64 streams to 4,500 tokens/s (docs/journal/performance.md)."""
-        running = True
-        while running:
-            deliveries = [self.deliveries.get()]
-            while True:
-                try:
-                    deliveries.append(self.deliveries.get_nowait())
-                except queue.Empty:
-                    break
+    def read(self) -> None:
+        """The reader thread: each message of the engine (a step's items, each to its request) turned
+        into responses, one a request per message: each response is a round trip to the Triton server,
+        and one a token a row held 64 streams to 4,500 tokens/s (docs/journal/performance.md)."""
+        while True:
+            try:
+                items = self.results.recv()
+            except (EOFError, OSError):  # the engine has stopped: finalize, or it died
+                break
             touched = {}
-            for delivery in deliveries:
-                if delivery is None:
-                    running = False
+            for job_id, item in items:
+                state = self.inflight.get(job_id)
+                if state is None or state.done:
                     continue
-                state, item = delivery
-                if state.done:
-                    continue
-                if isinstance(item, Exception):
+                if item == STARTED:
+                    state.started = True
+                elif isinstance(item, Exception):
                     state.done = True
                     state.sender.send(_error(item), flags=FINAL)
                 elif item is None:  # the job ended: a row not finished yet has its length
@@ -128,20 +159,30 @@ class TritonPythonModel:
                         state.row.end("length")
                 else:
                     state.row.add(item[0])
-                touched[id(state)] = state
+                    self.generated.increment(1)
+                touched[job_id] = state
             for state in touched.values():
                 self.answer(state)
+            with self.sending:
+                for job_id, state in touched.items():
+                    if state.done:
+                        self.inflight.pop(job_id, None)
+                self.count()
+        for state in list(self.inflight.values()):
+            if not state.done:
+                state.sender.send(_error(RuntimeError("the engine process stopped")), flags=FINAL)
 
     def answer(self, state: InFlight) -> None:
         """What the request's new tokens call for: its end (cancelled, or finished) or, streaming, its new text."""
         if state.done:
             return
-        if state.cancelled():
-            state.job.cancelled.set()
+        if state.cancelled():  # its row leaves at the engine's next step
+            self.send(Cancel(state.id))
             state.done = True
             state.sender.send(flags=FINAL)
         elif state.row.finish is not None:
-            state.job.end(0)  # a stop string: its row leaves at the next step
+            if state.row.finish == "stop":  # a stop string (or token): its row leaves at the next step
+                self.send(End(state.id, 0))
             state.done = True
             state.sender.send(self.response(state), flags=FINAL)
         elif state.stream:
@@ -153,16 +194,15 @@ class TritonPythonModel:
         row = state.row
         text, tokens = (row.new_text(), row.new_tokens()) if state.stream else (row.text, row.tokens)
         outputs = [pb_utils.Tensor("text_output", np.array([text.encode()], dtype=np.object_)),
-                   pb_utils.Tensor("output_ids", np.array([t for t in tokens if t != self.session.eos], dtype=np.int32))]
+                   pb_utils.Tensor("output_ids", np.array([t for t in tokens if t != self.eos], dtype=np.int32))]
         if row.finish is not None:
             outputs.append(pb_utils.Tensor("finish_reason", np.array([row.finish.encode()], dtype=np.object_)))
         return pb_utils.InferenceResponse(outputs)
 
     def finalize(self) -> None:
-        self.inbox.close()
-        self.scheduler.thread.join()
-        self.deliveries.put(None)
-        self.sender.join()
+        """The engine stops once its command pipe is closed, its jobs with it; then the reader ends."""
+        self.engine.close()
+        self.reader.join(30)
 
 
 def _error(e: Exception):

@@ -42,8 +42,9 @@ SETTINGS = (("max_tokens", "TYPE_INT32"), ("temperature", "TYPE_FP32"), ("top_p"
 
 
 def package_triton(run: RunDir, backend: str, precision: str, device: str, name: str, max_rows: int,
-                   force: bool = False) -> Path:
-    """Write <run>/triton (module docstring) unless it is up to date; its path."""
+                   force: bool = False, instances: int = 1, gpus: list[int] | None = None) -> Path:
+    """Write <run>/triton (module docstring) unless it is up to date; its path. `instances` model
+    instances (each its own engine process) on the CPU, or on each GPU: those of `gpus`, else every one."""
     spec = BACKENDS.get(backend)
     if spec is None:
         raise UserError(f"--backend {backend}: unknown; choose from {', '.join(BACKENDS)}")
@@ -51,6 +52,8 @@ def package_triton(run: RunDir, backend: str, precision: str, device: str, name:
         raise UserError(f"--backend {backend} runs {'/'.join(spec.precisions)}, not --precision {precision}")
     if device not in spec.devices:
         raise UserError(f"--device {device}: the {backend} backend runs on {'/'.join(spec.devices)}")
+    if gpus is not None:
+        check_gpus(gpus, device)
     if not name.replace("-", "").replace("_", "").isalnum():
         raise UserError(f"--name {name!r}: letters, digits, '-' and '_' only (a folder of the repository)")
     require_checkpoint(run.checkpoint)
@@ -60,14 +63,14 @@ def package_triton(run: RunDir, backend: str, precision: str, device: str, name:
     target = run.root / "triton"
     # the plans as build-engine recorded them: a plan rebuilt under its old name is a change too
     plans = {plan.name: run.artifact_hashes(f"engine-{plan.stem}") for g in graphs for plan in plans_for(run.engines, g)}
-    stamp = fingerprint(backend, precision, device, name, max_rows, run.artifact_hashes("finetune"),
+    stamp = fingerprint(backend, precision, device, name, max_rows, instances, gpus, run.artifact_hashes("finetune"),
                         {p: run.require_exported(p) for p in graphs}, plans)
     if not force and target.is_dir() and run.is_fresh(STAGE, stamp):
         print(f"package: {target} is up to date (--force rewrites it)")
         return target
     run.forget(STAGE)
     with atomic_dir(target) as out:
-        write_generation_model(out / name, run, runs, backend, precision, device, max_rows)
+        write_generation_model(out / name, run, runs, backend, precision, instance_group(device, instances, gpus), max_rows)
         contract = Contract.from_hf_config(checkpoint_config(run, None))
         for p in graphs:
             write_graph_model(out, name, run, contract, p, device)
@@ -78,7 +81,7 @@ def package_triton(run: RunDir, backend: str, precision: str, device: str, name:
                 shutil.copy2(run.checkpoint / file, tokenizer / file)
         (out / "README.md").write_text(repository_readme(name, graphs, device), encoding="utf-8")
     run.record(STAGE, [target], stamp, {"backend": backend, "precision": precision, "device": device, "name": name,
-                                        "max_rows": max_rows})
+                                        "max_rows": max_rows, "instances": instances, "gpus": gpus})
     print(f"package: wrote {target} (models: {', '.join(sorted(p.parent.name for p in target.glob('*/config.pbtxt')))})")
     return target
 
@@ -114,7 +117,27 @@ def link_or_copy(source: Path, dest: Path) -> None:
         shutil.copy2(source, dest)
 
 
-def write_generation_model(folder: Path, run: RunDir, runs: list[Path], backend: str, precision: str, device: str,
+def check_gpus(gpus: list[int], device: str) -> None:
+    """--gpus names GPUs of this host, for a model that runs on one."""
+    if device != "cuda":
+        raise UserError(f"--gpus {','.join(map(str, gpus))}: the generation model runs on the {device.upper()}; "
+                        "--gpus is for --device cuda")
+    import torch
+    count = torch.cuda.device_count()
+    missing = [g for g in gpus if not 0 <= g < count]
+    if missing:
+        has = f"GPUs 0-{count - 1}" if count > 1 else "GPU 0" if count else "no GPU"
+        raise UserError(f"--gpus: this host has no GPU {missing[0]} (it has {has})")
+
+
+def instance_group(device: str, instances: int, gpus: list[int] | None) -> str:
+    """`instances` model instances on the CPU, or on each GPU (those of `gpus`, else Triton's every one)."""
+    where = f" gpus: [ {', '.join(map(str, gpus))} ]" if gpus else ""
+    kind = "KIND_GPU" if device == "cuda" else "KIND_CPU"
+    return f"instance_group [ {{ count: {instances} kind: {kind}{where} }} ]"
+
+
+def write_generation_model(folder: Path, run: RunDir, runs: list[Path], backend: str, precision: str, instances: str,
                            max_rows: int) -> None:
     version = folder / "1"
     for path in runs:
@@ -131,7 +154,7 @@ def write_generation_model(folder: Path, run: RunDir, runs: list[Path], backend:
         f'name: "{folder.name}"\nbackend: "python"\n'
         "# batching happens inside the instance (the project's continuous batching): Triton hands requests on as they come\n"
         "max_batch_size: 0\nmodel_transaction_policy { decoupled: true }\n"
-        f"input [\n{_list(inputs)}\n]\noutput [\n{_list(outputs)}\n]\n{_instances(device)}\n{parameters}\n", encoding="utf-8")
+        f"input [\n{_list(inputs)}\n]\noutput [\n{_list(outputs)}\n]\n{instances}\n{parameters}\n", encoding="utf-8")
 
 
 def write_graph_model(out: Path, name: str, run: RunDir, contract: Contract, precision: str, device: str) -> None:
@@ -172,7 +195,7 @@ def graph_config(name: str, platform: str, contract: Contract, io: dict, device:
               for past, present in zip(contract.past_names, contract.present_names)]
     return (f'name: "{name}"\n{platform}\nmax_batch_size: 1\ninput [\n{_list(tokens)}\n]\noutput [\n{logits}\n]\n'
             "sequence_batching {\n  max_sequence_idle_microseconds: 60000000\n  state [\n" + ",\n".join(states) +
-            f"\n  ]\n}}\n{_instances(device)}\n")
+            f"\n  ]\n}}\n{instance_group(device, 1, None)}\n")
 
 
 def repository_readme(name: str, graphs: list[str], device: str) -> str:
@@ -212,7 +235,3 @@ def _tensor(name: str, dtype: str, dims: list[int], optional: bool = False) -> s
 
 def _list(items: list[str]) -> str:
     return ",\n".join(items)
-
-
-def _instances(device: str) -> str:
-    return f"instance_group [ {{ count: 1 kind: {'KIND_GPU' if device == 'cuda' else 'KIND_CPU'} }} ]"

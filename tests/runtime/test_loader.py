@@ -6,9 +6,10 @@ import torch
 
 from pipeline.artifacts import RunDir
 from pipeline.cli import BACKEND_NAMES
+from pipeline.errors import UserError
 from pipeline.precisions import PRECISIONS
 from pipeline.runtime.backend import BackendUnavailable
-from pipeline.runtime.loader import BACKENDS, bench_matrix, default_matrix, open_backend
+from pipeline.runtime.loader import BACKENDS, bench_matrix, default_matrix, fastest_ready, open_backend
 
 CPU = torch.device("cpu")
 
@@ -53,3 +54,38 @@ def test_a_missing_graph_names_the_stage_that_makes_it(exported_run, tmp_path):
     (run.onnx("int8", "ort") / "model.onnx").unlink()
     with pytest.raises(BackendUnavailable, match=r"no onnx-ort/int8 graph .*gpt2-deploy export --target ort"):
         open_backend(run, "ort-fused", "int8", CPU)
+
+
+def test_the_fastest_backend_is_the_first_of_the_table_whose_artifact_the_run_has(exported_run, tmp_path, monkeypatch):
+    from tests.conftest import copy_run
+
+    _, run, _ = exported_run
+    run = copy_run(run, tmp_path / "run")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert fastest_ready(run, CPU) == ("ort-fused", "int8")
+    assert fastest_ready(run, CPU, "fp32") == ("ort-fused", "fp32")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")  # int8 kernels unmeasured
+    assert fastest_ready(run, CPU) == ("ort-fused", "fp32")
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    for graph, then in [(run.onnx("int8", "ort"), ("ort-fused", "fp32")), (run.onnx("fp32", "ort"), ("ort", "fp32")),
+                        (run.onnx("fp32"), ("torch", "fp32"))]:
+        (graph / "model.onnx").unlink()
+        assert fastest_ready(run, CPU) == then
+    with pytest.raises(UserError, match="nothing in .* runs int8 on the CPU: run `gpt2-deploy finetune`"):
+        fastest_ready(run, CPU, "int8")
+
+
+def test_the_fastest_backend_refuses_a_graph_export_did_not_write(exported_run, tmp_path, monkeypatch):
+    import onnx
+
+    from tests.conftest import copy_run
+
+    _, run, _ = exported_run
+    run = copy_run(run, tmp_path / "run")
+    path = run.onnx("int8", "ort") / "model.onnx"
+    graph = onnx.load(path)
+    graph.doc_string = "edited by hand"
+    onnx.save(graph, path)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    with pytest.raises(UserError, match="not the int8 graph export wrote"):  # not a quiet fall back to fp32
+        fastest_ready(run, CPU)

@@ -24,13 +24,14 @@ def _free_port() -> int:
 LAUNCHED: list[subprocess.Popen] = []  # every server started, for no_server_outlives_its_test
 
 
-def launch_server(run, log: Path, *options: str, own_group: bool = False) -> tuple[subprocess.Popen, int]:
+def launch_server(run, log: Path, *options: str, own_group: bool = False,
+                  pick: tuple[str, ...] = ("--backend", "ort", "--precision", "fp32")) -> tuple[subprocess.Popen, int]:
     """`gpt2-deploy serve` on the micro model in its own process, started: (process, port); with
-    `own_group`, in a process group of its own, as a service manager starts it."""
+    `own_group`, in a process group of its own, as a service manager starts it; `pick`: the backend
+    options (none: serve's own choice)."""
     port = _free_port()
     cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--artifacts", str(run.root.parent), "--run", run.root.name,
-           "--device", "cpu", "--backend", "ort", "--precision", "fp32", "--port", str(port), "--set", "model.n_positions=256",
-           *options]
+           "--device", "cpu", *pick, "--port", str(port), "--set", "model.n_positions=256", *options]
     for s in MICRO:
         cmd += ["--set", s]
     LAUNCHED.append(subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True,
@@ -56,9 +57,9 @@ def no_server_outlives_its_test():
     del LAUNCHED[before:]
 
 
-def start_server(run, log: Path, *options: str, own_group: bool = False):
+def start_server(run, log: Path, *options: str, own_group: bool = False, **pick):
     """launch_server's server; (process, url) once /health answers."""
-    proc, port = launch_server(run, log, *options, own_group=own_group)
+    proc, port = launch_server(run, log, *options, own_group=own_group, **pick)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MICRO
-from tests.serve.conftest import STARTUP_S, launch_server, start_server
+from tests.serve.conftest import STARTUP_S, launch_server, start_server, stop_server
 
 httpx = pytest.importorskip("httpx", reason="the [serve] extra is not installed")
 
@@ -238,6 +238,21 @@ def test_a_killed_http_process_stops_the_whole_server_at_once_saying_which(expor
     assert proc.wait(timeout=30) == 1 and time.monotonic() - started < 15
     log = (tmp_path / "server.log").read_text()
     assert f"(pid {http[0]}) ended with exit code -9; stopping the server (exit 1)" in log and "Traceback" not in log
+
+
+def test_without_a_backend_named_serve_runs_the_fastest_the_run_has(exported_run, tmp_path):
+    import httpx
+    import torch
+
+    from pipeline.runtime.loader import fastest_ready
+    _, run, _ = exported_run
+    backend, precision = fastest_ready(run, torch.device("cpu"))
+    proc, url = start_server(run, tmp_path / "fastest.log", pick=())
+    done = httpx.post(f"{url}/v1/completions", json={"model": run.root.name, "prompt": "The module", "max_tokens": 4},
+                      timeout=60)
+    assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 4
+    assert stop_server(proc) == 0
+    assert f"serve: {backend} {precision} from " in (tmp_path / "fastest.log").read_text()
 
 
 def test_a_host_that_is_not_this_machines_is_named_as_the_host():

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import GPT2LMHeadModel
 
+from pipeline.errors import UserError
 from pipeline.precisions import torch_dtype
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.batch import Batch
 from pipeline.runtime.kernels.torch_ops import TorchOps
-from pipeline.runtime.sampler import sample
+from pipeline.runtime.sampler import sample, sample_rows_alone
 from pipeline.runtime.sampling_table import SamplingTable
 from pipeline.runtime.static.static_gpt2 import StaticGPT2
 
@@ -111,6 +112,7 @@ class StaticCacheBackend(Backend):
     # in one launch; not for torch.compile, which copies a whole base buffer where a step writes a view
     cache_in_one_buffer = False
     prefill_ops = TorchOps  # StaticGPT2's option: what the prefill's elementwise work runs as
+    row_local = False  # make_row_local: every row's logits and draws its own alone
 
     def __init__(self, model: GPT2LMHeadModel, precision: str, device: str | torch.device, cuda_graphs: bool | None = None):
         self.precision, self.device = precision, torch.device(device)
@@ -127,6 +129,13 @@ class StaticCacheBackend(Backend):
     def decode_step(self, s: CacheSlot) -> torch.Tensor:
         """One decode step from s.token/position/start over s.cache -> logits [B, V] fp32."""
         raise NotImplementedError
+
+    def make_row_local(self) -> None:
+        """From here on each row's logits and draws depend on that row alone, not on the rows beside it or
+        on where its slots sit in the cache, given one batch shape (serve --deterministic; docs/design.md,
+        "Deterministic serving"). A backend whose step cannot says so."""
+        raise UserError(f"--deterministic: the {self.name} backend has no row-local step; serve torch-compiled "
+                        "on the CPU, or a backend that runs one request at a time (torch, ort, ort-fused)")
 
     def new_slot(self, batch: int, length: int, rows_of: CacheSlot | None = None) -> CacheSlot:
         """A slot of its own cache, or, with rows_of, one whose cache, slot marks and per-row inputs (token,
@@ -181,7 +190,9 @@ class StaticCacheBackend(Backend):
 
     def sampled_step(self, s: CacheSlot) -> None:
         """greedy_step with each row's token drawn by its settings in s.sampling (greedy rows: the argmax)."""
-        self.advance_inputs(s, sample(self.marked_decode_step(s), s.sampling, s.position)[:, None])
+        logits = self.marked_decode_step(s)
+        token = sample_rows_alone(logits, s.sampling, s.position) if self.row_local else sample(logits, s.sampling, s.position)
+        self.advance_inputs(s, token[:, None])
 
     def advance_inputs(self, s: CacheSlot, token: torch.Tensor) -> None:
         """A fused step's tail: token [B, 1] into s.greedy_tokens[:, s.step] and s.token, every counter on."""

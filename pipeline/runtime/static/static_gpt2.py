@@ -115,12 +115,15 @@ class StaticGPT2(torch.nn.Module):
         return self.head(ops, x, owed)
 
     def decode_step(self, token: torch.Tensor, position: torch.Tensor, slot_mask: torch.Tensor, start: torch.Tensor,
-                    cache: list[torch.Tensor]) -> torch.Tensor:
+                    cache: list[torch.Tensor], first: list[int | None] | None = None) -> torch.Tensor:
         """token/position [B, 1] into slot `start`, a scalar int64 tensor so that one graph serves every
-        slot; attention masks the whole cache (slot_mask [B, T]). -> logits [B, 1, V]"""
+        slot; attention masks the whole cache (slot_mask [B, T]). With `first` (each row's first filled
+        slot, None for a row that computes for nothing), each row's attention runs alone over its own
+        slots first[b] .. start (attend_rows). -> logits [B, 1, V]"""
         T = cache[0].shape[2]
         slots = start + torch.arange(1, device=token.device)  # [1]
         allowed = self.allowed_slots(slots, slot_mask, T)
+        last = int(start) if first is not None else 0
         x, h = TorchOps.embed_layer_norm(self.wte, self.wpe, token, position, self.ln1_w[0], self.ln1_b[0], self.eps)
         for i in range(self.n_layer):
             if i:
@@ -128,8 +131,23 @@ class StaticGPT2(torch.nn.Module):
             qkv = F.linear(h, self.qkv_w[i], self.qkv_b[i])  # [B, 1, 3C]
             keys, values = cache[2 * i], cache[2 * i + 1]
             TorchOps.write_cache(qkv, keys, values, start, slots)
-            x = self.after_attention(TorchOps, x, self.attend(self.queries(qkv), keys, values, allowed), i, None)
+            q = self.queries(qkv)
+            a = (self.attend(q, keys, values, allowed) if first is None
+                 else self.attend_rows(q, keys, values, allowed, first, last))
+            x = self.after_attention(TorchOps, x, a, i, None)
         return self.head(TorchOps, x, None)
+
+    def attend_rows(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor,
+                    first: list[int | None], last: int) -> torch.Tensor:
+        """attend() of each row alone over its slots first[b] .. last (zeros where first[b] is None): what
+        a row computes then depends on its own slots only, not on where in the cache they sit or on which
+        rows run beside it (a reduction over the whole cache groups a row's slots by their columns)."""
+        out = q.new_zeros(q.shape[0], 1, self.n_embd)
+        for b, f in enumerate(first):
+            if f is not None:
+                out[b:b + 1] = self.attend(q[b:b + 1], keys[b:b + 1, :, f:last + 1], values[b:b + 1, :, f:last + 1],
+                                           allowed[b:b + 1, :, :, f:last + 1])
+        return out
 
     @staticmethod
     def allowed_slots(slots: torch.Tensor, slot_mask: torch.Tensor, T: int) -> torch.Tensor:

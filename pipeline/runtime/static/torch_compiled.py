@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from transformers import GPT2LMHeadModel
 
+from pipeline.errors import UserError
 from pipeline.runtime.static.static_backend import CacheSlot, StaticCacheBackend
 
 
@@ -24,4 +25,16 @@ class TorchCompiledBackend(StaticCacheBackend):
         return self.net.decode_step(token, position, slot_mask, start, cache)[:, 0].float()
 
     def decode_step(self, s: CacheSlot) -> torch.Tensor:
+        if self.row_local:  # uncompiled: each row's attention over its own slots is a shape of its own
+            first = [f if live else None for f, live in zip(s.first.tolist(), s.advance[:, 0].tolist())]
+            return self.net.decode_step(s.token, s.position, s.slot_mask, s.start, s.cache, first)[:, 0].float()
         return self.compiled_step(s.token, s.position, s.slot_mask, s.start, s.cache)
+
+    def make_row_local(self) -> None:
+        """Row-local on the CPU: each row's attention over its own slots (StaticGPT2.attend_rows), each row's
+        draw alone (sampler.sample_rows_alone), and the serving scheduler's one batch shape, in which a
+        product computes every row alike (tests/runtime/static/test_row_local.py checks the library does)."""
+        if self.device.type != "cpu":
+            raise UserError("--deterministic runs on the CPU: on a GPU the row-local step is not built yet "
+                            "(docs/design.md, \"Deterministic serving\")")
+        self.row_local = True

@@ -1,4 +1,4 @@
-"""Host cost of handing one 64-row step's deliveries to serve.engine_process.Outbox (64 puts, then the
+"""Host cost of handing one 64-row step's deliveries to pipeline.engine_process.Outbox (64 puts, then the
 scheduler's flush) while its sender thread pickles and sends them down a pipe: the engine
 process's scheduler thread pays it every step. From the repository root on any machine:
 `python docs/journal/probes/serve_cpu_host/outbox_probe.py`."""
@@ -6,7 +6,7 @@ import multiprocessing
 import threading
 import time
 
-from serve.engine.child import Outbox
+from pipeline.engine_process.child import Outbox
 
 STEPS, ROWS = 2000, 64
 reader, writer = multiprocessing.Pipe(duplex=False)

@@ -1,6 +1,6 @@
 """The engine process: the backend and its scheduler (pipeline.runtime.scheduler) in a child of its
 own, reading every HTTP process's commands between its steps and sending what it delivers back, one
-message a step (the messages: serve.engine.messages)."""
+message a step (the messages: pipeline.engine_process.messages)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from collections.abc import Callable
 from multiprocessing import connection
 from typing import TYPE_CHECKING
 
+from pipeline.engine_process.messages import STARTED, Cancel, End, EngineSpec, Failed, Ready, Score, Submit
 from pipeline.errors import UserError
 from pipeline.runtime.jobs import InboxClosed, Job
-from serve.engine.messages import STARTED, Cancel, End, EngineSpec, Failed, Ready, Score, Submit
 
 if TYPE_CHECKING:  # the engine alone loads the model that scores
     from pipeline.runtime.scoring import Scorer
@@ -48,14 +48,15 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
         scorer = lambda: Scorer(load_checkpoint(run.checkpoint), backend.device, dtype)  # noqa: E731
         # the HTTP processes cap the queue (EngineClient): the engine takes whatever it is sent
         scheduler = make_scheduler(backend, pad_id, spec.max_rows, spec.continuous, outbox.flush,
-                                   Commands([c for c, _ in channels], outbox, scorer))
+                                   Commands([c for c, _ in channels], outbox, scorer), spec.deterministic)
     except Exception as e:  # a UserError names the option; anything else says what it was
         results[0].send(Failed(str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"))
         return
     results[0].send(Ready({"backend": backend.name, "precision": backend.precision, "device": str(backend.device),
                                "context": backend.n_positions, "runtime_max_rows": backend.max_rows,
                                "shape": model_description(run.checkpoint),
-                               "scheduler": "continuous" if isinstance(scheduler, ContinuousScheduler) else "serial"}))
+                               "scheduler": "continuous" if isinstance(scheduler, ContinuousScheduler) else "serial",
+                               "deterministic": spec.deterministic}))
     scheduler.serve()
 
 

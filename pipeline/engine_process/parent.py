@@ -1,6 +1,6 @@
-"""The HTTP side of the engine process: EngineProcess starts the child (serve.engine.child) and waits
+"""The HTTP side of the engine process: EngineProcess starts the child (pipeline.engine_process.child) and waits
 until it is ready; each HTTP process's EngineClient submits jobs through its channel and hands each
-job what arrives for it (the messages: serve.engine.messages)."""
+job what arrives for it (the messages: pipeline.engine_process.messages)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pipeline.engine_process.child import engine_main
+from pipeline.engine_process.messages import STARTED, Cancel, End, EngineSpec, Failed, Score, Submit
 from pipeline.errors import UserError
 from pipeline.runtime.sampling import Sampling
-from serve.engine.child import engine_main
-from serve.engine.messages import STARTED, Cancel, End, EngineSpec, Failed, Score, Submit
 
 START_TIMEOUT_S = 900  # the child opens the backend and captures every graph before it answers
 
@@ -63,10 +63,13 @@ def stop_signals_held():
     """SIGINT and SIGTERM held back until the block ends, then acted on as they would have been: a stop
     raised inside Process.start() cut the child's arguments short, and the child printed a traceback."""
     heard: list[int] = []
-    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+    stops = (signal.SIGINT, signal.SIGTERM)
+    # signals reach the main thread only; a handler set outside Python (Triton's stub embeds it) is None
+    # here and could not be put back
+    if threading.current_thread() is not threading.main_thread() or any(signal.getsignal(s) is None for s in stops):
         yield
         return
-    previous = {sig: signal.signal(sig, lambda sig, _: heard.append(sig)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, lambda sig, _: heard.append(sig)) for sig in stops}
     try:
         yield
     finally:

@@ -23,6 +23,7 @@ class EngineSpec:
     device: str
     max_rows: int
     continuous: bool
+    deterministic: bool = False  # every request's tokens the same alone and under load (make_scheduler)
 
 
 class Submit(NamedTuple):

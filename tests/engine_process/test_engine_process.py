@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from pipeline.config import load_config
+from pipeline.engine_process.child import Commands, Outbox
+from pipeline.engine_process.messages import STARTED, Cancel, End, Score, Submit
+from pipeline.engine_process.parent import EngineClient, QueueFull
 from pipeline.model import new_model
 from pipeline.runtime.jobs import InboxClosed
 from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.scoring import Scorer, Scores
-from serve.engine.child import Commands, Outbox
-from serve.engine.messages import STARTED, Cancel, End, Score, Submit
-from serve.engine.parent import EngineClient, QueueFull
 
 
 @pytest.fixture(scope="module")
