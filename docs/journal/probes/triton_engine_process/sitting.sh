@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# #73 on one GPU: the Triton model running serve's engine process against `gpt2-deploy serve` on the
+# same run, streaming, greedy and sampled (t 0.8, top_p 0.95), 1 and 64 clients. Carries .whl and .tw
+# as docs/journal/probes/triton_h200/sitting.sh says, after a call that carries .tw2 (scipy 1.13.1)
+# and runs `mkdir -p /tmp/parts && cp .tw2/*.whl /tmp/parts/`. Output into $OUT.
+. "$(dirname "$0")/../shapes_h200/sitting.sh"
+R="--preset gpt2 --run tr"
+LT="$G loadtest http://127.0.0.1:8000 --duration 8 --warmup 3 --concurrency 1,64"
+SAMPLED="--temperature 0.8 --top-p 0.95"
+ready() { step "ready $1" $2 python3 -c "
+import os, sys, time, urllib.request
+while True:
+    try: urllib.request.urlopen('http://127.0.0.1:8000$3', timeout=2); break
+    except Exception: time.sleep(1)
+    try: os.kill($4, 0)
+    except OSError: sys.exit('the server exited')"; }
+load() {  # NAME LOADTEST-OPTIONS...: one streaming sweep, its JSON kept
+  local name=$1; shift
+  step "$name" 90 $LT "$@" --out /tmp/$name && cp /tmp/$name/loadtest.json $OUT/loadtest_$name.json
+}
+step finetune 120 $G finetune $R --set train.steps=2 --set train.grad_accum=1 --set train.warmup_steps=0 --set train.eval_batches=1 --set train.compile=false
+$G serve $R --device cuda --backend triton --precision fp16 > /tmp/serve.log 2>&1 &
+SP=$!
+ready serve 150 /ready $SP
+load serve_greedy
+load serve_sampled $SAMPLED
+kill -INT $SP; wait $SP
+python3 -m venv /tmp/tenv && /tmp/tenv/bin/python -m pip install -q --no-index --no-deps .tw/*.whl $(ls /tmp/parts/*.whl 2>/dev/null)
+python3 -c "import site; print('import site; ' + '; '.join(f'site.addsitedir({d!r})' for d in [*site.getsitepackages(), site.getusersitepackages()]))" \
+  > "$(/tmp/tenv/bin/python -c 'import site; print(site.getsitepackages()[0])')/machine.pth"
+mkdir -p /tmp/tsite && tar -C /tmp/tsite -xJf .tw/pytriton-slim.tar.xz
+TP="env PYTHONPATH=/tmp/site:/tmp/tsite:$PWD /tmp/tenv/bin/python"
+step package 120 $G package $R --backend triton --precision fp16 --device cuda
+$TP -m pipeline.cli triton-server artifacts/tr/triton > /tmp/triton.log 2>&1 &
+TS=$!
+ready triton 240 /v2/health/ready $TS
+load triton_greedy --triton-model gpt2
+load triton_sampled --triton-model gpt2 $SAMPLED
+curl -s http://127.0.0.1:8002/metrics | grep -E "^gpt2deploy|^nv_inference_request_success" | head -12 >> $L
+kill -INT $TS; wait $TS; echo "== triton exit $?" >> $L
+grep -a -E "error|Error|UNAVAILABLE" /tmp/triton.log | head -10 >> $L
+python3 - "$OUT" <<'PY' >> $L
+import json, sys
+from pathlib import Path
+for f in sorted(Path(sys.argv[1]).glob("loadtest_*.json")):
+    for r in json.loads(f.read_text())["rows"]:
+        print(f"{f.stem[9:]} c{r['concurrency']}: {r['tokens_per_s']:,.0f} tok/s itl p50 {r['itl_ms']['p50']:.2f} ms "
+              f"ttft p50 {r['ttft_ms']['p50']:.1f} ms tpot p50 {r['tpot_ms']['p50']:.3f} ms errors {r['errors']}")
+PY
+grep -E "^==|^serve_|^triton_|rc [1-9]|rror|^gpt2deploy" $L | tail -40
