@@ -16,6 +16,7 @@ that round, so that a slow spell of the machine weighs on both sides of a ratio 
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -73,7 +74,9 @@ class Row:
     spread: float | None = None  # (max - min) / median of the passes' tokens/s
     pass_tokens_per_s: list[float] | None = None  # each pass's, in round order
     noisy: bool = False  # the row's spread, or its baseline's, is over NOISY_SPREAD
-    peak_memory_mib: float | None = None
+    # what the backend holds once warmed up at this batch (weights, caches, graphs, workspaces), less what
+    # was in use before it opened: the bench keeps every backend open to alternate their rounds
+    held_memory_mib: float | None = None
     load_s: float | None = None  # open the backend: load weights, deserialise an engine, create a session
     warmup_s: float | None = None  # first generation at this batch: compilation, CUDA-graph capture, autotuning
     baseline: str = ""
@@ -88,12 +91,14 @@ class Row:
 
 
 def device_memory_mib(device: torch.device) -> float:
-    """Memory in use on the device (all allocators: torch, ONNX Runtime, TensorRT), or the process RSS on a CPU."""
+    """Memory in use now on the device (all allocators: torch, ONNX Runtime, TensorRT; torch's cache of
+    freed blocks emptied first), or the process's resident memory on a CPU."""
     if device.type == "cuda":
+        torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(device)
         return (total - free) / 2**20
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with open("/proc/self/statm") as statm:  # Linux: pages resident now (ru_maxrss is the peak of the whole run)
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def token_times(gen: Generator, prompts: Prompts, sampling: Sampling, device: torch.device) -> list[float]:
@@ -165,9 +170,8 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
     live: list[Row] = []  # rows warmed up, to be timed
     for name, precision in progress(settings.pairs, total=len(settings.pairs), description="bench: open, warm up"):
         gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
         synchronize(device)
+        in_use = device_memory_mib(device)
         start = time.perf_counter()
         try:
             backend = opened[name, precision] = open_backend(run, name, precision, device)
@@ -188,7 +192,7 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
                         pass
                     synchronize(device)
                     row = Row(name, precision, batch, "ok", decoding=decoding, load_s=load_s,
-                              warmup_s=time.perf_counter() - start, peak_memory_mib=device_memory_mib(device),
+                              warmup_s=time.perf_counter() - start, held_memory_mib=device_memory_mib(device) - in_use,
                               launches_per_step=device_ops_per_step(backend, blocks[:batch], sampling, device))
                 except Exception as e:  # one row failing (out of memory, a profile too small) keeps the others
                     row = Row(name, precision, batch, "error", decoding=decoding,

@@ -30,7 +30,7 @@ def markdown(result: dict) -> str:
              f"{env['packages'].get('onnxruntime-gpu') or env['packages'].get('onnxruntime')}", "",
              *([floor_line(env["copy_gbps"]), ""] if "copy_gbps" in env else []),
              "| backend | precision | batch | decoding | TTFT ms | decode ms p50 | p90 | p99 | p50 host-synced | tokens/s | spread "
-             "| x eager | vs | x greedy | launches/step | read GB/s | of floor | memory MiB | load s | warm-up s |",
+             "| x eager | vs | x greedy | launches/step | read GB/s | of floor | held MiB | load s | warm-up s |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         label = f"| {r['backend']} | {r['precision']} | {r['batch']} | {r.get('decoding', 'greedy')} |"
@@ -44,7 +44,7 @@ def markdown(result: dict) -> str:
                      f"{_fmt(r['speedup_vs_eager'], '.2f')}{' (noisy)' if r.get('noisy') else ''} | {r['baseline']} | "
                      f"{_fmt(r.get('vs_greedy'), '.2f')} | {_fmt(r.get('launches_per_step'), '.0f')} | "
                      f"{_fmt(r.get('read_gbps'), ',.0f')} | {_fmt(r.get('of_floor'), '.0%')} | "
-                     f"{_fmt(r['peak_memory_mib'], ',.0f')} | {_fmt(r['load_s'], '.1f')} | {_fmt(r['warmup_s'], '.1f')} |")
+                     f"{_fmt(r.get('held_memory_mib'), ',.0f')} | {_fmt(r['load_s'], '.1f')} | {_fmt(r['warmup_s'], '.1f')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from pipeline.bench import NOISY_SPREAD, Row, add_speedups, rounds, summarise_passes
+from pipeline.bench import NOISY_SPREAD, Row, add_speedups, device_memory_mib, rounds, summarise_passes
 from pipeline.bench_report import compare
 from pipeline.cli import app
 from pipeline.model import load_checkpoint
@@ -45,6 +45,7 @@ def test_bench_writes_json_markdown_and_png(exported_run, tmp_path):
         assert r["launches_per_step"] is None  # a CPU launches nothing
         assert r["read_gbps"] == pytest.approx(r["step_read_mb"] / r["decode_ms_p50"])  # MB/ms is GB/s
         assert r["of_floor"] == pytest.approx(r["floor_ms"] / r["decode_ms_p50"]) and r["floor_ms"] > 0
+        assert r["held_memory_mib"] is not None
     assert [r["speedup_vs_eager"] for r in ok if r["backend"] == "torch"] == [1.0, 1.0]
     skipped = [r for r in rows if r["status"] == "skipped"]
     assert skipped and all(r["reason"] and r["decoding"] == "greedy" and "greedy" != r["reason"] for r in skipped)  # say why
@@ -149,3 +150,13 @@ def test_a_batch_past_the_runtimes_bound_is_skipped_saying_so(exported_run, tmp_
     rows = {r["batch"]: r for r in json.loads((run.reports / "bench.json").read_text())["rows"]}
     assert rows[1]["status"] == "ok" and rows[1]["tokens_per_s"] > 0
     assert rows[33]["status"] == "skipped" and rows[33]["reason"] == "ort-genai runs at most 32 rows at once"
+
+
+def test_memory_in_use_is_what_is_held_now_not_the_runs_peak():
+    """A backend's held memory is the difference of two readings: one must fall when memory is freed."""
+    before = device_memory_mib(torch.device("cpu"))
+    block = torch.ones(64 * 2**20, dtype=torch.int32)  # 256 MiB, touched
+    held = device_memory_mib(torch.device("cpu")) - before
+    del block
+    assert 240 < held < 300
+    assert device_memory_mib(torch.device("cpu")) - before < 40

@@ -27,9 +27,7 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
     from pipeline.artifacts import RunDir
     from pipeline.cores import hold_torch_to_usable_cores
     from pipeline.machine import model_description
-    from pipeline.model import load_checkpoint
     from pipeline.runtime.scheduler import ContinuousScheduler, make_scheduler
-    from pipeline.runtime.scoring import Scorer
     from pipeline.runtime.session import open_named_backend
 
     # the parent decides when the engine stops (it drains first): a Ctrl-C or SIGTERM sent to the whole
@@ -41,14 +39,10 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
     try:
         backend = open_named_backend(run, spec.backend, spec.precision, torch.device(spec.device))
         outbox = Outbox(results)
-        # the served precision's float type: what a GPU's fp16 and int8 backends compute their activations in
-        half = torch.device(spec.device).type == "cuda" and backend.precision != "fp32"
-        dtype = torch.float16 if half else torch.float32
-        # the scorer's copy of the weights, loaded by the first request that scores: most never do
-        scorer = lambda: Scorer(load_checkpoint(run.checkpoint), backend.device, dtype)  # noqa: E731
         # the HTTP processes cap the queue (EngineClient): the engine takes whatever it is sent
         scheduler = make_scheduler(backend, pad_id, spec.max_rows, spec.continuous, outbox.flush,
-                                   Commands([c for c, _ in channels], outbox, scorer), spec.deterministic)
+                                   Commands([c for c, _ in channels], outbox, functools.partial(new_scorer, backend, run)),
+                                   spec.deterministic)
     except Exception as e:  # a UserError names the option; anything else says what it was
         results[0].send(Failed(str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"))
         return
@@ -58,6 +52,22 @@ def engine_main(spec: EngineSpec, pad_id: int, channels: list[tuple]) -> None:
                                "scheduler": "continuous" if isinstance(scheduler, ContinuousScheduler) else "serial",
                                "deterministic": spec.deterministic}))
     scheduler.serve()
+
+
+def new_scorer(backend, run) -> Scorer:
+    """The scorer, made at the first request that scores: the backend's own prefill where it has one,
+    else a copy of the checkpoint's weights in eager PyTorch (most servers never score: no copy then),
+    in the served precision's float type (what a GPU's fp16 and int8 backends compute activations in)."""
+    import torch
+
+    from pipeline.model import load_checkpoint
+    from pipeline.runtime.scoring import Scorer, eager_logits
+
+    if backend.own_scoring:
+        return Scorer(backend.sequence_logits, backend.device)
+    half = backend.device.type == "cuda" and backend.precision != "fp32"
+    model = load_checkpoint(run.checkpoint)
+    return Scorer(eager_logits(model, backend.device, torch.float16 if half else torch.float32), backend.device)
 
 
 class Commands:

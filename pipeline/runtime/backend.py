@@ -6,10 +6,12 @@ them), and the backend keeps which cache slots of each row hold real tokens, so 
 only each row's token and position. Tensors cross this boundary as torch tensors on the backend's
 device, the prefill's ids also on the host (Batch.host_ids) for backends that copy them themselves.
 
-Two capabilities are optional and explicit. fused_greedy: the backend runs plain greedy decoding
+Three capabilities are optional and explicit. fused_greedy: the backend runs plain greedy decoding
 itself (greedy_steps), feeding each argmax back with no host work per token (the static-cache
 backends on a GPU replay one CUDA graph a token). fused_sampling: likewise for sampled decoding
-(sampled_steps), each row drawn on the device by the settings in the backend's sampling_table()."""
+(sampled_steps), each row drawn on the device by the settings in the backend's sampling_table().
+own_scoring: the backend gives every position's logits of a sequence through its own prefill
+(sequence_logits) between two steps of a generation, leaving that generation as it was."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ class Backend:
     vocab_size: int
     fused_greedy = False  # whether greedy_steps is offered
     fused_sampling = False  # whether sampled_steps and sampling_table are offered
+    own_scoring = False  # whether sequence_logits is offered
     max_rows: int | None = None  # the most rows the runtime takes at once; None: as many as memory holds
     # a runtime with a thread pool of its own on the CPU (ONNX Runtime): the torch ops around its steps
     # then run on one thread, since torch's OpenMP workers, spinning after each op, take the cores from
@@ -62,6 +65,10 @@ class Backend:
     def sampled_steps(self, token: torch.Tensor, position: torch.Tensor, count: int) -> Iterator[torch.Tensor]:
         """As greedy_steps, each step's tokens drawn by the rows' settings in sampling_table()."""
         raise NotImplementedError(f"{self.name} has no fused sampling")
+
+    def sequence_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """With own_scoring, at any time: one sequence's ids [S] int64 -> its logits [S, V] at every position."""
+        raise NotImplementedError(f"{self.name} has no scoring of its own")
 
 
 class BackendUnavailable(Exception):

@@ -15,3 +15,26 @@ def model():
 
 
 PROMPTS = [[464, 2068, 7586, 21831, 18045, 625], [15496, 995], [818, 262, 3726]]
+
+
+def scored_between_steps(backend, reference, prompts: list[list[int]], sequence: list[int]) -> None:
+    """A backend's own scoring (Backend.sequence_logits), asked between two steps of a generation in
+    flight, scores `sequence` as `reference` (a model's logits of one sequence) does, and the generation
+    then goes on with the tokens it gives undisturbed."""
+    import torch
+
+    from pipeline.runtime.generate import Generator
+    from pipeline.runtime.sampling import Sampling
+    from pipeline.runtime.scoring import Scorer
+
+    s = Sampling(max_new_tokens=6)
+    undisturbed = [t.clone() for t in Generator(backend, pad_id=0).stream(prompts, s)]
+    scores, tokens = None, []
+    for step, token in enumerate(Generator(backend, pad_id=0).stream(prompts, s)):
+        tokens.append(token.clone())
+        if step == 2:
+            scores = Scorer(backend.sequence_logits, backend.device).score([sequence], [1], top=3)[0]
+    assert torch.equal(torch.stack(tokens), torch.stack(undisturbed))
+    expected = Scorer(reference, torch.device("cpu")).score([sequence], [1], top=3)[0]
+    assert scores.token_logprobs == pytest.approx(expected.token_logprobs, abs=1e-4)
+    assert [[t for t, _ in top] for top in scores.top] == [[t for t, _ in top] for top in expected.top]

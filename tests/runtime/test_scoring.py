@@ -1,14 +1,16 @@
-"""The scorer: each token's log-probability and the top alternatives, against log-softmax written plainly."""
+"""The scorer: each token's log-probability and the top alternatives, against log-softmax written
+plainly; a backend's own scoring between two steps of a generation."""
 
 import pytest
 import torch
 
-from pipeline.runtime.scoring import MAX_TOP, Scorer
-from tests.runtime.conftest import PROMPTS
+from pipeline.runtime.scoring import MAX_TOP, Scorer, eager_logits
+from pipeline.runtime.static.torch_compiled import TorchCompiledBackend
+from tests.runtime.conftest import PROMPTS, scored_between_steps
 
 
 def test_scores_are_the_log_softmax_of_the_logits_before_each_token(model):
-    scorer = Scorer(model, torch.device("cpu"))
+    scorer = Scorer(eager_logits(model, torch.device("cpu")), torch.device("cpu"))
     scores = scorer.score(PROMPTS, [1, 2, 3], top=4)
     for seq, start, s in zip(PROMPTS, [1, 2, 3], scores):
         with torch.no_grad():
@@ -21,9 +23,17 @@ def test_scores_are_the_log_softmax_of_the_logits_before_each_token(model):
 
 
 def test_a_whole_sequence_scored_from_its_end_is_empty_and_bad_arguments_are_refused(model):
-    scorer = Scorer(model, torch.device("cpu"))
+    scorer = Scorer(eager_logits(model, torch.device("cpu")), torch.device("cpu"))
     assert scorer.score([[5, 6]], [2], top=0)[0].token_logprobs == []
     with pytest.raises(ValueError, match="start is 0"):
         scorer.score([[5, 6]], [0], top=1)
     with pytest.raises(ValueError, match=f"ask for 0 to {MAX_TOP}"):
         scorer.score([[5, 6]], [1], top=MAX_TOP + 1)
+
+
+def test_the_static_backend_scores_on_its_own_prefill_and_leaves_the_generation_alone(model):
+    """A sequence longer than the generation's cache: the scoring cache is one of its own."""
+    backend = TorchCompiledBackend(model, "fp32", "cpu", compile=False)
+    assert backend.own_scoring
+    sequence = [(7 * i) % model.config.vocab_size for i in range(1, 60)]
+    scored_between_steps(backend, eager_logits(model, torch.device("cpu")), PROMPTS, sequence)

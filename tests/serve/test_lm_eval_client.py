@@ -2,7 +2,8 @@
 `local-completions` given only the URL and the model's name finds the tokenizer at /tokenize, then
 sends token-id prompts with echo and logprobs. Three local tasks (no downloads): multiple choice,
 loglikelihood and rolling loglikelihood (perplexity); every document's score is checked against
-transformers' on the same checkpoint, fp32 on the CPU."""
+transformers' on the same checkpoint, fp32 on the CPU. The server runs torch-compiled, which scores on
+the engine's own prefill (Backend.own_scoring; the eager scorer has test_openai_api's logprobs test)."""
 
 import json
 import math
@@ -81,6 +82,17 @@ class Reference:
     def rolling(self, text: str) -> float:
         """One window (the texts are shorter than the context), after the end-of-text token lm-eval puts first."""
         return self.score([self.tok.eos_token_id], self.tok.encode(text))[0]
+
+
+@pytest.fixture(scope="module")
+def server(exported_run, tmp_path_factory):
+    from tests.serve.conftest import start_server, stop_server
+
+    _, run, _ = exported_run
+    proc, url = start_server(run, tmp_path_factory.mktemp("serve") / "server.log",
+                             pick=("--backend", "torch-compiled", "--precision", "fp32"))
+    yield url, run
+    stop_server(proc)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from transformers import GPT2LMHeadModel
 from pipeline.errors import UserError
 from pipeline.precisions import torch_dtype
 from pipeline.runtime.backend import Backend
-from pipeline.runtime.batch import Batch
+from pipeline.runtime.batch import Batch, left_pad
 from pipeline.runtime.kernels.torch_ops import TorchOps
 from pipeline.runtime.sampler import sample, sample_rows_alone
 from pipeline.runtime.sampling_table import SamplingTable
@@ -107,6 +107,7 @@ def capture(fn: Callable[[], torch.Tensor], device: torch.device, pool=None) -> 
 class StaticCacheBackend(Backend):
     fused_greedy = True  # greedy_steps: one graph replay a token
     fused_sampling = True  # sampled_steps likewise
+    own_scoring = True  # sequence_logits: the prefill on a cache of its own
     fold_layer_norms = False  # StaticGPT2's option: for kernels that fuse each norm into the product after it
     # every layer's cache in one buffer (CacheSlot.layers): the serving scheduler copies rows of all layers
     # in one launch; not for torch.compile, which copies a whole base buffer where a step writes a view
@@ -125,6 +126,7 @@ class StaticCacheBackend(Backend):
         self.slots: dict[tuple[int, int], CacheSlot] = {}
         self.slot: CacheSlot | None = None
         self.length = 0  # slots filled in the slot's cache: the next decode step writes this one
+        self.scoring_slot: CacheSlot | None = None  # sequence_logits' one-row cache, as long as the longest scored
 
     def decode_step(self, s: CacheSlot) -> torch.Tensor:
         """One decode step from s.token/position/start over s.cache -> logits [B, V] fp32."""
@@ -168,8 +170,12 @@ class StaticCacheBackend(Backend):
         """The current slot's sampling settings: what sampled_steps reads, filled before they run."""
         return self.slot.sampling
 
+    def cache_length(self, max_len: int) -> int:
+        """The length of the cache that holds max_len tokens: rounded up, but not past the context."""
+        return min(-(-max_len // CACHE_ROUNDING) * CACHE_ROUNDING, max(self.n_positions, max_len))
+
     def reset(self, batch: int, max_len: int) -> None:
-        length = min(-(-max_len // CACHE_ROUNDING) * CACHE_ROUNDING, max(self.n_positions, max_len))
+        length = self.cache_length(max_len)
         if (batch, length) not in self.slots:
             self.slots[batch, length] = self.new_slot(batch, length)
         self.slot = self.slots[batch, length]  # its slot marks are rewritten as the cache fills (mark_slots)
@@ -271,6 +277,20 @@ class StaticCacheBackend(Backend):
             return self.replay_prefill(prefill, batch, causal)
         self.mark_slots(batch.attention_mask, 0)  # full logits are for validation, not speed: no graph
         return prefill(batch.input_ids, batch.position_ids)
+
+    @torch.inference_mode()
+    def sequence_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """As Backend.sequence_logits: the prefill the engine serves with (its kernels, its precision), on a
+        one-row cache of its own, so the slot in use and its fill are as they were after it."""
+        if self.scoring_slot is None or self.scoring_slot.slot_mask.shape[1] < len(ids):
+            self.scoring_slot = None  # the shorter one's memory back first
+            self.scoring_slot = self.new_slot(1, self.cache_length(len(ids)))
+        serving, filled = self.slot, self.length
+        self.bind(self.scoring_slot, 0)
+        try:
+            return self.prefill(left_pad(ids[None].cpu().numpy(), 0, self.device), last_only=False)[0]
+        finally:
+            self.bind(serving, filled)
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

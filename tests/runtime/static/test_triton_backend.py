@@ -13,7 +13,9 @@ from pipeline.runtime.backend import BackendUnavailable
 from pipeline.runtime.batch import left_pad
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.scoring import eager_logits
 from pipeline.runtime.static.torch_compiled import TorchCompiledBackend
+from tests.runtime.conftest import scored_between_steps
 
 pytest.importorskip("triton")
 
@@ -175,6 +177,12 @@ def test_sampled_generation_matches(model, s):
     the torch sampler draws from the reference's logits."""
     reference = Generator(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0).generate(PROMPTS, s)
     assert Generator(TritonBackend(model, "fp32", "cpu"), pad_id=0).generate(PROMPTS, s) == reference
+
+
+def test_scores_on_its_own_prefill_between_two_steps(model):
+    """Two short prompts (the interpreter is slow) and a sequence longer than their cache."""
+    scored_between_steps(TritonBackend(model, "fp32", "cpu"), eager_logits(model, torch.device("cpu")), PROMPTS[1:],
+                         [(5 * i) % model.config.vocab_size for i in range(1, 70)])
 
 
 def test_a_head_size_the_kernels_cannot_hold_is_refused():

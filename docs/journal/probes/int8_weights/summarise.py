@@ -16,6 +16,11 @@ def floor(fp16: dict, int8: dict) -> str:
             f" | of floor {fp16['of_floor']:.0%} / {int8['of_floor']:.0%} (read {fp16['step_read_mb']:,.0f} / {int8['step_read_mb']:,.0f} MB)")
 
 
+def held(row: dict) -> float:
+    """The memory the row's backend holds (benches before that column: the device's memory in use then)."""
+    return row.get("held_memory_mib", row.get("peak_memory_mib")) or 0
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     for bench in sorted(out.glob("bench_*.json")):
@@ -28,7 +33,7 @@ def main() -> None:
                 print(f"{preset} b{batch}: fp16 {fp16['decode_ms_p50']:.3f} ms {fp16['tokens_per_s']:,.0f} tok/s | "
                       f"int8-wo {int8['decode_ms_p50']:.3f} ms {int8['tokens_per_s']:,.0f} tok/s | "
                       f"step ratio {int8['decode_ms_p50'] / fp16['decode_ms_p50']:.2f} | "
-                      f"memory MiB {fp16.get('peak_memory_mib') or 0:,.0f} / {int8.get('peak_memory_mib') or 0:,.0f}"
+                      f"held MiB {held(fp16):,.0f} / {held(int8):,.0f}"
                       f"{floor(fp16, int8)}")
         validate = out / f"validate_{preset}.json"
         if validate.exists():

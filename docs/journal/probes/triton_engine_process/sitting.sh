@@ -2,7 +2,8 @@
 # #73 on one GPU: the Triton model running serve's engine process against `gpt2-deploy serve` on the
 # same run, streaming, greedy and sampled (t 0.8, top_p 0.95), 1 and 64 clients. Carries .whl and .tw
 # as docs/journal/probes/triton_h200/sitting.sh says, after a call that carries .tw2 (scipy 1.13.1)
-# and runs `mkdir -p /tmp/parts && cp .tw2/*.whl /tmp/parts/`. Output into $OUT.
+# and runs `mkdir -p /tmp/parts && cp .tw2/*.whl /tmp/parts/`. First #74's scoring probe
+# (docs/journal/probes/scoring_gpu/score_time.py). Output into $OUT.
 . "$(dirname "$0")/../shapes_h200/sitting.sh"
 R="--preset gpt2 --run tr"
 LT="$G loadtest http://127.0.0.1:8000 --duration 8 --warmup 3 --concurrency 1,64"
@@ -18,6 +19,7 @@ load() {  # NAME LOADTEST-OPTIONS...: one streaming sweep, its JSON kept
   local name=$1; shift
   step "$name" 90 $LT "$@" --out /tmp/$name && cp /tmp/$name/loadtest.json $OUT/loadtest_$name.json
 }
+step scoring 120 python3 docs/journal/probes/scoring_gpu/score_time.py
 step finetune 120 $G finetune $R --set train.steps=2 --set train.grad_accum=1 --set train.warmup_steps=0 --set train.eval_batches=1 --set train.compile=false
 $G serve $R --device cuda --backend triton --precision fp16 > /tmp/serve.log 2>&1 &
 SP=$!
@@ -47,4 +49,4 @@ for f in sorted(Path(sys.argv[1]).glob("loadtest_*.json")):
         print(f"{f.stem[9:]} c{r['concurrency']}: {r['tokens_per_s']:,.0f} tok/s itl p50 {r['itl_ms']['p50']:.2f} ms "
               f"ttft p50 {r['ttft_ms']['p50']:.1f} ms tpot p50 {r['tpot_ms']['p50']:.3f} ms errors {r['errors']}")
 PY
-grep -E "^==|^serve_|^triton_|rc [1-9]|rror|^gpt2deploy" $L | tail -40
+grep -E "^==|^serve_|^triton_|rc [1-9]|rror|^gpt2deploy|^prefill|^own" $L | tail -40
