@@ -65,7 +65,7 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
                              partial_ptr, arrivals_ptr, cache_row_stride, cache_head_stride, scale,
                              T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
                              SHARE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, FILLED: tl.constexpr,
-                             FETCH_AHEAD: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+                             ANCHORED: tl.constexpr, FETCH_AHEAD: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     """out[row, head] = softmax(q . k[t] * scale over live slots t) . v, for t <= slot whose
     slot_mask is set (the query's own slot always counts): only the filled part of the cache is read.
 
@@ -86,14 +86,20 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
     it is live) up to the step's, in whole blocks, for a cache much wider than its filled part (the
     serving scheduler's, whose rows of all ages share one column), where fixed slices left one
     program a (row, head) to walk every filled slot, and without splits walked the whole cache's
-    blocks (masked) to its end (docs/journal/performance.md)."""
+    blocks (masked) to its end (docs/journal/performance.md). ANCHORED (with FILLED): the blocks and
+    shares start at the row's first slot itself rather than at its block's start, so they group the
+    row's slots alike wherever in the cache they sit (deterministic serving: docs/design.md)."""
     if PDL and EARLY:
         gdc_launch_dependents()
     row = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, D)
     slot = tl.load(slot_ptr)
-    if FILLED:  # whole blocks, so every share starts block-aligned
+    if FILLED and ANCHORED:
+        base = tl.load(first_ptr + row)
+        share = tl.cdiv(slot + 1 - base, SPLITS * BLOCK_T) * BLOCK_T
+        lo = base + tl.program_id(2) * share
+    elif FILLED:  # whole blocks, so every share starts block-aligned
         base = tl.load(first_ptr + row) // BLOCK_T * BLOCK_T
         share = tl.cdiv(slot + 1 - base, SPLITS * BLOCK_T) * BLOCK_T
         lo = tl.multiple_of(base + tl.program_id(2) * share, BLOCK_T)
@@ -140,12 +146,15 @@ def _decode_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, slot_mask_ptr, slo
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mask: torch.Tensor,
                      slot: torch.Tensor, out: torch.Tensor, partial: torch.Tensor, arrivals: torch.Tensor,
                      config: AttentionConfig | None = None, pdl: bool = False, early: bool = False,
-                     first: torch.Tensor | None = None) -> None:
+                     first: torch.Tensor | None = None, anchored: bool = False) -> None:
     """q/out [B, H * D]; caches [B, H, T, D] contiguous; slot_mask [B, T]; slot a device scalar;
     partial fp32 of attention_partials(...) and arrivals int32 [B, H] zeros, the split programs'
     meeting place (see _decode_attention_kernel). config overrides the tuned one; pdl and early as
     fused_linear; first, each row's first filled slot [B] int64 (at most slot): the shares split
-    each row's filled slots from there rather than the cache (its FILLED)."""
+    each row's filled slots from there rather than the cache (its FILLED); anchored (with first): from
+    that slot itself, not its block's start (its ANCHORED)."""
+    if anchored and first is None:
+        raise ValueError("anchored shares start at each row's first slot: pass first")
     batch, heads, length, head_dim = k_cache.shape
     cfg = config or tiles.attention_config(batch, filled=first is not None, heads=heads)
     needed = attention_partials(batch, heads, head_dim, cfg)
@@ -157,6 +166,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_cache.stride(0), k_cache.stride(1),
         head_dim ** -0.5, T=length, H=heads, D=head_dim,
         BLOCK_T=min(cfg.block_t, triton.next_power_of_2(share)), SHARE=share, SPLITS=cfg.splits,
-        BLOCK_S=triton.next_power_of_2(cfg.splits), FILLED=first is not None, FETCH_AHEAD=cfg.fetch_ahead, PDL=pdl, EARLY=early,
+        BLOCK_S=triton.next_power_of_2(cfg.splits), FILLED=first is not None, ANCHORED=anchored,
+        FETCH_AHEAD=cfg.fetch_ahead, PDL=pdl, EARLY=early,
         launch_pdl=pdl, num_warps=cfg.warps,
         **({"maxnreg": cfg.registers} if cfg.registers else {}))

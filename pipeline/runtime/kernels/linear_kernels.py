@@ -216,7 +216,7 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
                  residual: bool = False, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
                  n: int | None = None, config: LinearConfig | None = None,
                  argmax: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False,
-                 early: bool = False, scale: torch.Tensor | None = None) -> None:
+                 early: bool = False, scale: torch.Tensor | None = None, fixed_order: bool = False) -> None:
     """out = epilogue(LN?(x) @ w[:n]^T + bias). x [M, K] contiguous; w [>= n, K]; ln = (w_sums, eps)
     for a layer norm whose weight and bias are folded into w and bias, w_sums = w.float().sum(1) (the
     tiles normalise after the product); qkv = (k_cache, v_cache, slot tensor, head_dim) routes the
@@ -226,10 +226,13 @@ def fused_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None, bia
     overrides the tuned tiles (tests, tuning). pdl: programmatic dependent launch, early: with the next
     launch let start at once rather than after this one's loads (module docstring). scale: fp32 [>= n],
     with int8 or fp8 w (int8_weights.quantize_rows): each output's scale, applied to the product in registers (the
-    weights are read in one byte each, half fp16's); ln's w_sums are then the scaled weights' sums."""
+    weights are read in one byte each, half fp16's); ln's w_sums are then the scaled weights' sums.
+    fixed_order: the tuned tiles without split-K (tiles.fixed_order), for a sum in one order every run."""
     m, k = x.shape
     n = w.shape[0] if n is None else n
     cfg = config or tiles.linear_config(m, n, k, residual, narrow=w.dtype in NARROW_WEIGHTS, fp32=w.dtype == torch.float32)
+    if fixed_order:
+        cfg = tiles.fixed_order(cfg)
     if cfg.block_m == 1:  # row products: each program loads its whole K slice, so block_k is not a choice
         block_k, k_step = triton.next_power_of_2(k // cfg.split_k), 1
     else:

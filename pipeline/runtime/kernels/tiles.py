@@ -7,7 +7,7 @@ on the module (tiles.linear_config = ...) and the launchers read them through it
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -22,6 +22,12 @@ class LinearConfig:
     warps: int = 4
     stages: int = 3
     weights_left: bool = False  # the weights as the tensor-core product's left operand (_tile_product's W_LEFT)
+
+
+def fixed_order(cfg: LinearConfig) -> LinearConfig:
+    """cfg with each output's sum over K taken by one program: its terms then add in one order every run,
+    where split-K's atomic adds land in any (deterministic serving: docs/design.md)."""
+    return replace(cfg, split_k=1)
 
 
 def head_normalized_apart(m: int) -> bool:

@@ -136,7 +136,7 @@ class StaticCacheBackend(Backend):
         """From here on each row's logits and draws depend on that row alone, not on the rows beside it or
         on where its slots sit in the cache, given one batch shape (serve --deterministic; docs/design.md,
         "Deterministic serving"). A backend whose step cannot says so."""
-        raise UserError(f"--deterministic: the {self.name} backend has no row-local step; serve torch-compiled "
+        raise UserError(f"--deterministic: the {self.name} backend has no row-local step; serve triton, torch-compiled "
                         "on the CPU, or a backend that runs one request at a time (torch, ort, ort-fused)")
 
     def new_slot(self, batch: int, length: int, rows_of: CacheSlot | None = None) -> CacheSlot:

@@ -50,11 +50,24 @@ class TritonBackend(StaticCacheBackend):
         self.pdl_capable = self.device.type == "cuda" and torch.cuda.get_device_capability(self.device) >= (9, 0)
 
     def linear(self, x, name: str, layer: int | None, out, **options) -> None:
-        """fused_linear over the decode weights `name` (of `layer`): int8 with their scales in int8-wo."""
+        """fused_linear over the decode weights `name` (of `layer`): int8 with their scales in int8-wo;
+        row-local, each sum in one order (no split-K)."""
         w, scale, sums = self.decode_weights.of(name, layer)
         if "ln" in options:
             options["ln"] = (sums, options["ln"])
-        fused_linear(x, w, out, scale=scale, **options)
+        fused_linear(x, w, out, scale=scale, fixed_order=self.row_local, **options)
+
+    def make_row_local(self) -> None:
+        """Row-local (StaticCacheBackend.make_row_local) on these kernels: every product without split-K,
+        whose atomic adds land in any order, and each row's attention over shares anchored at its first
+        slot; within the serving scheduler's one batch shape a product computes every row alike, and the
+        sampler's and the argmax's partials merge in a fixed order already."""
+        self.row_local = True
+
+    def attention_first(self, s: CacheSlot) -> torch.Tensor | None:
+        """Where each row's attention starts its shares: its first filled slot in a cache much wider than
+        the context (the serving scheduler's) or when row-local, else the cache's start (None)."""
+        return s.first if self.row_local or self.reads_from_first(s.cache[0].shape[2]) else None
 
     def streams_weights(self, batch: int) -> bool:
         """Whether every launch lets the next start at once (the kernels package docstring: early) rather
@@ -75,7 +88,7 @@ class TritonBackend(StaticCacheBackend):
                      "logits": torch.empty(batch, self.vocab_size, **f32)}
         # greedy_step's argmax, in two stages
         partials = argmax_partials(batch, self.vocab_size, net.n_embd, narrow=self.decode_weights.narrow)
-        shares = attention_config(batch, filled=self.reads_from_first(length), heads=net.n_head)
+        shares = attention_config(batch, filled=self.row_local or self.reads_from_first(length), heads=net.n_head)
         s.scratch.update(best=torch.empty(batch, partials, **f32),
                          best_index=torch.empty(batch, partials, dtype=torch.int32, device=self.device),
                          arrivals=torch.zeros(1, dtype=torch.int32, device=self.device),
@@ -132,7 +145,7 @@ class TritonBackend(StaticCacheBackend):
                         pdl=pdl, early=pdl, **norm)
             decode_attention(q, keys, values, s.slot_mask, s.start, attention, b["attention_partial"],
                              b["attention_arrivals"], pdl=pdl, early=early,
-                             first=s.first if self.reads_from_first(keys.shape[2]) else None)
+                             first=self.attention_first(s), anchored=self.row_local)
             self.linear(attention, "proj", i, x, bias=net.proj_b[i], residual=True, pdl=pdl, early=early)
             if apart:
                 layer_norm(x, normed, net.eps, pdl=pdl)

@@ -32,7 +32,7 @@ def decode_logits(backend, row: int, first: int, others: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(others)
     for t in s.cache:
         t.copy_(torch.randn(t.shape, generator=generator))
-    s.token.copy_(torch.randint(0, 50000, (BATCH, 1), generator=generator))
+    s.token.copy_(torch.randint(0, backend.vocab_size, (BATCH, 1), generator=generator))
     s.position.copy_(torch.randint(0, 40, (BATCH, 1), generator=generator))
     s.slot_mask.fill_(True)
     mine = torch.Generator().manual_seed(1)
@@ -41,16 +41,22 @@ def decode_logits(backend, row: int, first: int, others: int) -> torch.Tensor:
         t[row, :, first:start] = torch.randn(t.shape[1], LENGTH, t.shape[3], generator=mine)
     s.slot_mask[row] = False
     s.slot_mask[row, first:start] = True
-    s.first[row], s.token[row], s.position[row] = first, 464, LENGTH
+    s.first[row], s.token[row], s.position[row] = first, 464 % backend.vocab_size, LENGTH
     s.start.fill_(start)
     return backend.marked_decode_step(s)[row]
 
 
-def test_a_rows_logits_are_bitwise_alike_in_any_row_beside_any_rows_from_any_slot(model):
-    backend = TorchCompiledBackend(model, "fp32", "cpu", compile=False)
+PLACEMENTS = [(0, 0, 10), (5, 21, 11), (7, 3, 12), (2, 34, 13)]  # (row, first slot, the other rows' seed)
+
+
+def row_local_logits(backend) -> list[torch.Tensor]:
+    """One row's logits at each of PLACEMENTS, the backend made row-local."""
     backend.make_row_local()
-    placements = [(0, 0, 10), (5, 21, 11), (7, 3, 12), (2, 34, 13)]  # (row, first slot, the other rows' seed)
-    logits = [decode_logits(backend, *p) for p in placements]
+    return [decode_logits(backend, *p) for p in PLACEMENTS]
+
+
+def test_a_rows_logits_are_bitwise_alike_in_any_row_beside_any_rows_from_any_slot(model):
+    logits = row_local_logits(TorchCompiledBackend(model, "fp32", "cpu", compile=False))
     assert all(torch.equal(logits[0], other) for other in logits[1:])
 
 
@@ -58,7 +64,7 @@ def test_the_default_step_is_not_row_local(model):
     """The same placements through the default step, whose attention reduces over the whole cache: the
     row's logits move with where its slots sit (why the default mode promises the draws, not the tokens)."""
     backend = TorchCompiledBackend(model, "fp32", "cpu", compile=False)
-    logits = [decode_logits(backend, *p) for p in [(0, 0, 10), (5, 21, 11), (7, 3, 12), (2, 34, 13)]]
+    logits = [decode_logits(backend, *p) for p in PLACEMENTS]
     assert not all(torch.equal(logits[0], other) for other in logits[1:])
     assert all(torch.allclose(logits[0], other, atol=1e-5) for other in logits[1:])
 
@@ -80,5 +86,5 @@ def test_row_local_steps_are_refused_where_they_are_not_built(model):
 
     class Other(StaticCacheBackend):
         name = "other"
-    with pytest.raises(UserError, match="--deterministic: the other backend has no row-local step; serve torch-compiled"):
+    with pytest.raises(UserError, match="--deterministic: the other backend has no row-local step; serve triton, torch-compiled"):
         Other(model, "fp32", "cpu").make_row_local()

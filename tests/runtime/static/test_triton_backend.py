@@ -16,6 +16,7 @@ from pipeline.runtime.sampling import Sampling
 from pipeline.runtime.scoring import eager_logits
 from pipeline.runtime.static.torch_compiled import TorchCompiledBackend
 from tests.runtime.conftest import scored_between_steps
+from tests.runtime.static.test_row_local import row_local_logits
 
 pytest.importorskip("triton")
 
@@ -185,6 +186,13 @@ def test_scores_on_its_own_prefill_between_two_steps(model):
                          [(5 * i) % model.config.vocab_size for i in range(1, 70)])
 
 
+def test_row_local_kernels_give_a_row_its_logits_bitwise_in_any_row_beside_any_rows_from_any_slot(model):
+    """Shares anchored at each row's first slot and no split-K (the interpreter adds atomics in program
+    order, so this checks the placement; the run-to-run order is the GPU sitting's)."""
+    logits = row_local_logits(TritonBackend(model, "fp32", "cpu"))
+    assert all(torch.equal(logits[0], other) for other in logits[1:])
+
+
 def test_a_head_size_the_kernels_cannot_hold_is_refused():
     odd = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=48, n_positions=32, vocab_size=64))
     with pytest.raises(BackendUnavailable, match="power-of-two head size; this model's is 24"):
@@ -214,6 +222,35 @@ def test_the_serving_scheduler_on_these_kernels_gives_every_job_its_tokens_alone
         scheduler.step()
     reference = Generator(TorchCompiledBackend(model, "fp32", "cpu", compile=False), pad_id=0)
     assert [[t[0] for t in got[:-1]] for got in steps] == [reference.generate(*job)[0] for job in jobs]
+
+
+def test_row_local_serving_gives_each_seeded_job_its_text_alone_and_beside_others(monkeypatch):
+    """serve --deterministic on these kernels: seeded sampled jobs (and a greedy one) through the
+    continuous scheduler one at a time, then all at once joining while others run: the same tokens."""
+    from pipeline.runtime import admission
+    from pipeline.runtime import scheduler as scheduling
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=128, vocab_size=128,
+                                       initializer_range=0.3)).eval()
+    monkeypatch.setattr(admission, "JOIN_EVERY", 1)
+    backend = TritonBackend(model, "fp32", "cpu")
+    backend.make_row_local()
+    scheduler = scheduling.ContinuousScheduler(backend, pad_id=0, max_rows=4)
+    jobs = [([PROMPTS[0]], Sampling(max_new_tokens=4, do_sample=True, temperature=1.0, top_p=0.95, seed=3)),
+            ([PROMPTS[1]], Sampling(max_new_tokens=3, do_sample=True, temperature=0.9, seed=4)),
+            ([PROMPTS[2]], Sampling(max_new_tokens=3))]
+
+    def run(batch) -> list[list[int]]:
+        steps = [[] for _ in batch]
+        for (prompts, sampling), got in zip(batch, steps):
+            scheduler.submit(scheduling.Job(prompts, sampling, got.append))
+        while not all(got and got[-1] is None for got in steps):
+            scheduler.admit(wait=False)
+            scheduler.step()
+        return [[t[0] for t in got[:-1]] for got in steps]
+
+    alone = [run([job])[0] for job in jobs]
+    assert run(jobs) == alone
 
 
 def test_a_row_that_joined_at_a_late_column_reads_its_own_slots_after_the_rows_shift(monkeypatch):
