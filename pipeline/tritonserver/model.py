@@ -5,13 +5,14 @@ Triton's Python backend, decoupled. Each model instance starts this project's en
 its continuous scheduler, as `gpt2-deploy serve` runs them), so this process only turns requests into
 jobs and the engine's token messages into responses: with the scheduler in this process, it and the
 response sender shared one GIL and the engine gave 38% of serve's tokens/s at 64 clients
-(docs/journal/performance.md, "Sampling: the check over the GPU; Triton served").
+(docs/journal/performance.md, "Sampling: the check over the GPU; Triton served"). A response is a
+round trip to the server, so SENDERS threads send them, each for its share of the requests.
 
 Requests come through Triton's generate endpoints (or its gRPC stream), with TensorRT-LLM's names:
 text_input, and optional max_tokens, temperature (absent or 0: greedy), top_p, top_k, seed, stop,
 repetition_penalty, presence_penalty, frequency_penalty, stream, ignore_eos. With stream true a request gets a
-response for each step (the text and tokens it adds; those of several steps in one when the reader
-falls behind), else one at its end; its last response carries finish_reason, "stop" or "length". A
+response for each step (the text and tokens it adds; those of several steps in one when its sender
+thread falls behind), else one at its end; its last response carries finish_reason, "stop" or "length". A
 value out of range is refused with a message naming it (the limits of sampling.LIMITS, serve's own).
 A client that goes away has its row freed at the engine's next step. Each instance's requests taken,
 tokens generated, requests waiting for rows and running are the metrics gpt2deploy_requests,
@@ -25,6 +26,7 @@ import json
 import multiprocessing
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +47,39 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 SETTINGS = {"max_tokens": (16, "max_new_tokens"), "temperature": (0.0, "temperature"), "top_p": (1.0, "top_p"),
             "top_k": (0, "top_k"), "seed": (None, "seed"), "repetition_penalty": (1.0, "repetition_penalty"),
             "presence_penalty": (0.0, "presence_penalty"), "frequency_penalty": (0.0, "frequency_penalty")}
+
+
+# response round trips in flight at once: a send blocks its thread (the GIL released) until the server
+# has taken the response, so one sender thread held 64 streams to ~4,800 tokens/s (docs/journal/performance.md)
+SENDERS = 16
+STOPPED = object()  # the item that tells a sender the engine has gone
+METRICS_EVERY_S = 0.1  # how often the metrics follow the steps (a request's start and end show at once)
+
+
+class Sender(threading.Thread):
+    """One of the threads that send responses: the requests whose id is its index modulo SENDERS, so a
+    request's responses leave in order. What arrives while it sends waits for its next pass, which
+    answers each request once (coalescing the steps it fell behind by)."""
+
+    def __init__(self, answer, index: int):
+        super().__init__(name=f"responses-{index}", daemon=True)
+        self.answer, self.index, self.pending, self.arrived = answer, index, [], threading.Condition()
+        self.start()
+
+    def put(self, items: list) -> None:
+        with self.arrived:
+            self.pending += items
+            self.arrived.notify()
+
+    def run(self) -> None:
+        while True:
+            with self.arrived:
+                while not self.pending:
+                    self.arrived.wait()
+                items, self.pending = self.pending, []
+            self.answer(items, self.index)
+            if items[-1][1] is STOPPED:
+                return
 
 
 @dataclass(eq=False)
@@ -85,6 +120,8 @@ class TritonPythonModel:
             ("requests", "Generation requests this instance took", counter),
             ("generation_tokens", "Tokens this instance generated", counter)]}
         self.waiting, self.running, self.taken, self.generated = (f.Metric(labels) for f in self.families.values())
+        self.unreported, self.reported_at = 0, 0.0  # tokens not yet in `generated`, and when the metrics were set
+        self.senders = [Sender(self.answer_items, i) for i in range(SENDERS)]
         self.reader = threading.Thread(target=self.read, name="engine-reader", daemon=True)
         self.reader.start()
 
@@ -99,7 +136,7 @@ class TritonPythonModel:
             with self.sending:
                 self.inflight[state.id] = state
                 self.taken.increment(1)
-                self.count()
+                self.report(now=True)
                 self.commands.send(Submit(state.id, [prompt], sampling))
         return None
 
@@ -107,11 +144,21 @@ class TritonPythonModel:
         with self.sending:
             self.commands.send(message)
 
-    def count(self) -> None:
-        """The metrics from the requests in flight (called holding `sending`)."""
+    def report(self, now: bool) -> None:
+        """The metrics from the requests in flight (called holding `sending`): with `now`, at once, else at
+        most every METRICS_EVERY_S. Each metric call is a round trip to the server that holds this
+        process's GIL: set every step, they held one client's chunks 3.7-5.5 ms apart where 0.4-0.7
+        without (docs/journal/performance.md)."""
+        moment = time.monotonic()
+        if not now and moment - self.reported_at < METRICS_EVERY_S:
+            return
+        if self.unreported:
+            self.generated.increment(self.unreported)
+            self.unreported = 0
         waiting = sum(not s.started for s in self.inflight.values())
         self.waiting.set(waiting)
         self.running.set(len(self.inflight) - waiting)
+        self.reported_at = moment
 
     def job(self, request, sender) -> tuple[InFlight, list[int], Sampling]:
         """The request as a job for the engine, its values checked first."""
@@ -136,41 +183,64 @@ class TritonPythonModel:
         return state, prompt, sampling
 
     def read(self) -> None:
-        """The reader thread: each message of the engine (a step's items, each to its request) turned
-        into responses, one a request per message: each response is a round trip to the Triton server,
-        and one a token a row held 64 streams to 4,500 tokens/s (docs/journal/performance.md)."""
+        """The reader thread: every message the engine has sent (a step's items, each to its request),
+        taken at once, each item handed to its request's sender; the metrics now and then (report)."""
         while True:
             try:
-                items = self.results.recv()
+                messages = [self.results.recv()]
+                while self.results.poll():  # behind: the steps since, in one pass
+                    messages.append(self.results.recv())
             except (EOFError, OSError):  # the engine has stopped: finalize, or it died
                 break
-            touched = {}
-            for job_id, item in items:
+            routed: dict[Sender, list] = {}
+            tokens = 0
+            for job_id, item in itertools.chain.from_iterable(messages):
                 state = self.inflight.get(job_id)
-                if state is None or state.done:
+                if state is None:
                     continue
                 if item == STARTED:
                     state.started = True
-                elif isinstance(item, Exception):
-                    state.done = True
-                    state.sender.send(_error(item), flags=FINAL)
-                elif item is None:  # the job ended: a row not finished yet has its length
-                    if state.row.finish is None:
-                        state.row.end("length")
-                else:
-                    state.row.add(item[0])
-                    self.generated.increment(1)
-                touched[job_id] = state
-            for state in touched.values():
-                self.answer(state)
+                    continue
+                tokens += isinstance(item, tuple)
+                routed.setdefault(self.senders[state.id % SENDERS], []).append((state, item))
+            for sender, items in routed.items():
+                sender.put(items)
             with self.sending:
-                for job_id, state in touched.items():
-                    if state.done:
-                        self.inflight.pop(job_id, None)
-                self.count()
-        for state in list(self.inflight.values()):
-            if not state.done:
-                state.sender.send(_error(RuntimeError("the engine process stopped")), flags=FINAL)
+                self.unreported += tokens
+                self.report(now=False)
+        for sender in self.senders:
+            sender.put([(None, STOPPED)])
+            sender.join(30)
+
+    def answer_items(self, items: list, index: int) -> None:
+        """Sender `index`'s pass: its requests' items since its last pass applied, then one response a
+        request (the tokens of all the steps it covers); those done leave the requests in flight. After
+        STOPPED (the engine has gone) its requests still in flight end with an error."""
+        touched = {}
+        for state, item in items:
+            if item is STOPPED or state.done:
+                continue
+            if isinstance(item, Exception):
+                state.done = True
+                state.sender.send(_error(item), flags=FINAL)
+            elif item is None:  # the job ended: a row not finished yet has its length
+                if state.row.finish is None:
+                    state.row.end("length")
+            else:
+                state.row.add(item[0])
+            touched[state.id] = state
+        for state in touched.values():
+            self.answer(state)
+        with self.sending:
+            ended = [job_id for job_id, state in touched.items() if state.done]
+            for job_id in ended:
+                del self.inflight[job_id]
+            if ended:  # the reader reports only as messages come: the last ones' end must show
+                self.report(now=True)
+            left = [s for s in self.inflight.values() if s.id % SENDERS == index] if items[-1][1] is STOPPED else []
+        for state in left:
+            state.done = True
+            state.sender.send(_error(RuntimeError("the engine process stopped")), flags=FINAL)
 
     def answer(self, state: InFlight) -> None:
         """What the request's new tokens call for: its end (cancelled, or finished) or, streaming, its new text."""

@@ -1,13 +1,15 @@
-"""#74's deterministic check against a running server (the CI test's requests: tests/serve/test_deterministic.py):
-200 seeded requests sent alone, then 64 at a time, then alone again; how many texts match.
+"""#74's deterministic check against a running server: the CI test's 200 seeded requests
+(tests/serve/test_deterministic.py's seeded_requests, written to requests.json here, since the GPU
+machine may lack that test's client) sent alone, then 64 at a time, then alone again; how many texts match.
     python docs/journal/probes/deterministic_gpu/check.py URL MODEL LABEL"""
 
 import json
 import sys
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from tests.serve.test_deterministic import CLIENTS, seeded_requests
+CLIENTS = 64
 
 
 def main() -> None:
@@ -18,7 +20,7 @@ def main() -> None:
         with urllib.request.urlopen(request, timeout=300) as reply:
             return json.loads(reply.read())["choices"][0]["text"]
 
-    requests = seeded_requests(model)
+    requests = [{**body, "model": model} for body in json.loads(Path(__file__).with_name("requests.json").read_text())]
     alone = [text(body) for body in requests]
     with ThreadPoolExecutor(CLIENTS) as pool:
         together = list(pool.map(text, requests))

@@ -13,4 +13,12 @@ import time, urllib.request
 while True:
     try: urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=2); break
     except Exception: time.sleep(1)"; }
+# ready NAME SECONDS PATH PID: polls PATH until it answers, giving up when the server PID has exited
+ready() { step "ready $1" $2 python3 -c "
+import os, sys, time, urllib.request
+while True:
+    try: urllib.request.urlopen('http://127.0.0.1:8000$3', timeout=2); break
+    except Exception: time.sleep(1)
+    try: os.kill($4, 0)
+    except OSError: sys.exit('the server exited')"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader >> $L

@@ -10,13 +10,6 @@
 R="--preset gpt2 --run tr"
 LT="$G loadtest http://127.0.0.1:8000 --duration ${DURATION:-8} --warmup ${WARMUP:-3} --concurrency 1,64"
 SAMPLED="--temperature 0.8 --top-p 0.95"
-ready() { step "ready $1" $2 python3 -c "
-import os, sys, time, urllib.request
-while True:
-    try: urllib.request.urlopen('http://127.0.0.1:8000$3', timeout=2); break
-    except Exception: time.sleep(1)
-    try: os.kill($4, 0)
-    except OSError: sys.exit('the server exited')"; }
 load() {  # NAME LOADTEST-OPTIONS...: one streaming sweep, its JSON kept
   local name=$1; shift
   step "$name" 90 $LT "$@" --out /tmp/$name && cp /tmp/$name/loadtest.json $OUT/loadtest_$name.json
@@ -30,11 +23,7 @@ load serve_greedy
 load serve_sampled $SAMPLED
 [ -n "${EXTRAS:-}" ] && step "check default" 120 python3 docs/journal/probes/deterministic_gpu/check.py http://127.0.0.1:8000 tr default
 kill -INT $SP; wait $SP
-python3 -m venv /tmp/tenv && /tmp/tenv/bin/python -m pip install -q --no-index --no-deps .tw/*.whl $(ls /tmp/parts/*.whl 2>/dev/null)
-python3 -c "import site; print('import site; ' + '; '.join(f'site.addsitedir({d!r})' for d in [*site.getsitepackages(), site.getusersitepackages()]))" \
-  > "$(/tmp/tenv/bin/python -c 'import site; print(site.getsitepackages()[0])')/machine.pth"
-mkdir -p /tmp/tsite && tar -C /tmp/tsite -xJf .tw/pytriton-slim.tar.xz
-TP="env PYTHONPATH=/tmp/site:/tmp/tsite:$PWD /tmp/tenv/bin/python"
+. "$(dirname "$0")/../triton_h200/triton_venv.sh"
 step package 120 $G package $R --backend triton --precision fp16 --device cuda
 $TP -m pipeline.cli triton-server artifacts/tr/triton > /tmp/triton.log 2>&1 &
 TS=$!

@@ -14,14 +14,6 @@
 . "$(dirname "$0")/../shapes_h200/sitting.sh"
 R="--preset gpt2 --run tr"
 LT="$G loadtest http://127.0.0.1:8000 --duration 8 --warmup 3"
-# ready NAME SECONDS PATH PID: polls PATH until it answers, giving up when the server PID has exited
-ready() { step "ready $1" $2 python3 -c "
-import os, sys, time, urllib.request
-while True:
-    try: urllib.request.urlopen('http://127.0.0.1:8000$3', timeout=2); break
-    except Exception: time.sleep(1)
-    try: os.kill($4, 0)
-    except OSError: sys.exit('the server exited')"; }
 step finetune 120 $G finetune $R --set train.steps=2 --set train.grad_accum=1 --set train.warmup_steps=0 --set train.eval_batches=1 --set train.compile=false
 serve_loads() {  # NAME LOADTEST-OPTIONS...: one streaming load on `gpt2-deploy serve`, its JSON kept
   local name=$1; shift
@@ -43,12 +35,7 @@ if [ -z "${TRITON_ONLY:-}" ]; then
   fi
   kill -INT $SP; wait $SP
 fi
-# Triton: a venv of numpy 1 before the machine's packages (its user site too, which a venv leaves out)
-python3 -m venv /tmp/tenv && /tmp/tenv/bin/python -m pip install -q --no-index --no-deps .tw/*.whl $(ls /tmp/parts/*.whl 2>/dev/null)
-python3 -c "import site; print('import site; ' + '; '.join(f'site.addsitedir({d!r})' for d in [*site.getsitepackages(), site.getusersitepackages()]))" \
-  > "$(/tmp/tenv/bin/python -c 'import site; print(site.getsitepackages()[0])')/machine.pth"
-mkdir -p /tmp/tsite && tar -C /tmp/tsite -xJf .tw/pytriton-slim.tar.xz
-TP="env PYTHONPATH=/tmp/site:/tmp/tsite:$PWD /tmp/tenv/bin/python"
+. "$(dirname "$0")/triton_venv.sh"
 step "model imports" 120 $TP -c "import numpy, scipy, transformers; from transformers import GPT2LMHeadModel; print('numpy', numpy.__version__, 'scipy', scipy.__version__)"
 step package 120 $G package $R --backend triton --precision fp16 --device cuda
 $TP -m pipeline.cli triton-server artifacts/tr/triton > /tmp/triton.log 2>&1 &
