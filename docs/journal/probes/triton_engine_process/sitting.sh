@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # #73 on one GPU: the Triton model running serve's engine process against `gpt2-deploy serve` on the
 # same run, streaming, greedy and sampled (t 0.8, top_p 0.95), 1 and 64 clients. Carries .whl and .tw
-# as docs/journal/probes/triton_h200/sitting.sh says, after a call that carries .tw2 (scipy 1.13.1)
+# (docs/journal/probes/triton_h200/carried_wheels.sh builds them), after a call that carries .tw2 (scipy 1.13.1)
 # and runs `mkdir -p /tmp/parts && cp .tw2/*.whl /tmp/parts/`. First #74's scoring probe
 # (docs/journal/probes/scoring_gpu/score_time.py); last #74's serve --deterministic on triton
 # (docs/journal/probes/deterministic_gpu/check.py, default mode too): those two with EXTRAS=1.
