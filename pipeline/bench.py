@@ -29,6 +29,7 @@ from pipeline.artifacts import RunDir
 from pipeline.bench_report import write_reports
 from pipeline.config import Config
 from pipeline.data import heldout_blocks, prepare_data
+from pipeline.errors import UserError
 from pipeline.machine import environment, model_description
 from pipeline.model import synchronize
 from pipeline.progress import progress
@@ -37,6 +38,7 @@ from pipeline.runtime.batch import Prompts
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.loader import open_backend
 from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.session import make_row_local
 from pipeline.step_cost import copy_bandwidth, device_ops_per_step, step_cost, step_read_bytes
 from pipeline.tokenizer import load_tokenizer
 
@@ -52,6 +54,7 @@ class BenchSettings:
     pairs: list[tuple[str, str]] = field(default_factory=list)
     # a sampled row beside each greedy one (temperature, top_p, top_k, seed), as completion users send
     sample: Sampling | None = None
+    deterministic: bool = False  # every row computed row-local (session.make_row_local): what the mode costs
 
 
 @dataclass
@@ -174,8 +177,11 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
         in_use = device_memory_mib(device)
         start = time.perf_counter()
         try:
-            backend = opened[name, precision] = open_backend(run, name, precision, device)
-        except BackendUnavailable as e:
+            backend = open_backend(run, name, precision, device)
+            if settings.deterministic:
+                make_row_local(backend, max(settings.batches))
+            opened[name, precision] = backend
+        except (BackendUnavailable, UserError) as e:
             rows += [Row(name, precision, b, "skipped", decoding=d, reason=str(e)) for b in settings.batches for d in decodings]
             continue
         synchronize(device)

@@ -66,10 +66,9 @@ def cpu_line(cpu: dict) -> str:
 def decodings(settings: dict) -> str:
     """How the rows decode: greedy, and the sampled rows' settings where there are some."""
     s = settings.get("sample")
-    if not s:
-        return "greedy"
-    return (f"greedy and sampled (temperature {s['temperature']}, top_p {s['top_p']}, top_k {s['top_k']}, "
-            f"seed {s['seed']})")
+    how = "greedy" if not s else (f"greedy and sampled (temperature {s['temperature']}, top_p {s['top_p']}, "
+                                  f"top_k {s['top_k']}, seed {s['seed']})")
+    return how + (", every row row-local (--deterministic)" if settings.get("deterministic") else "")
 
 
 def spread(row: dict) -> str:

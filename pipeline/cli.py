@@ -179,7 +179,9 @@ def bench_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = N
               sample: Annotated[bool, typer.Option(metavar="", help="A sampled row beside each greedy one.")] = False,
               temperature: Annotated[float, typer.Option(help="The sampled rows' temperature.")] = 0.8,
               top_p: Annotated[float, typer.Option(help="The sampled rows' nucleus mass in (0, 1].")] = 0.95,
-              top_k: Annotated[int, typer.Option(help="The sampled rows' top-k (0 = off).")] = 0) -> None:
+              top_k: Annotated[int, typer.Option(help="The sampled rows' top-k (0 = off).")] = 0,
+              deterministic: Annotated[bool, typer.Option("--deterministic", metavar="", help="Every row computed as "
+                                                          "it would be alone (what serve --deterministic costs).")] = False) -> None:
     """Benchmark latency and throughput of every backend x precision x batch through the runtime."""
     from pipeline.bench import BenchSettings, bench
     from pipeline.bench_report import print_comparison, read_bench
@@ -200,7 +202,7 @@ def bench_cmd(preset: Preset = "tiny", config: ConfigFile = None, sets: Sets = N
                            seed=0)
         sampled.check()
     settings = BenchSettings(batches, prompt_tokens, new_tokens, repeats, _pairs(bench_matrix(), backend, precision),
-                             sampled)
+                             sampled, deterministic)
     result = bench(cfg, rundir, _device(device), settings)
     if old is not None:
         print_comparison(result, old)
@@ -218,13 +220,17 @@ def generate(prompt: Annotated[list[str], typer.Argument(help="One or more promp
              top_p: Annotated[float, typer.Option(help="Nucleus sampling mass in (0, 1].")] = 1.0,
              repetition_penalty: Annotated[float, typer.Option(help="> 1 discourages repeats.")] = 1.0,
              sample: Annotated[bool, typer.Option(metavar="", help="Sample instead of greedy decoding.")] = False,
-             seed: Annotated[Optional[int], typer.Option(help="Seed for reproducible sampling.")] = None) -> None:
+             seed: Annotated[Optional[int], typer.Option(help="Seed for reproducible sampling.")] = None,
+             deterministic: Annotated[bool, typer.Option("--deterministic", metavar="", help="Each prompt's tokens as "
+                                                         "it would get them alone, run to run.")] = False) -> None:
     """Generate text from prompts through any backend, streaming the first prompt's tokens."""
     from pipeline.runtime.sampling import Sampling
-    from pipeline.runtime.session import open_session, print_generation
+    from pipeline.runtime.session import make_row_local, open_session, print_generation
 
     cfg, rundir = _setup(preset, config, sets, run, artifacts)
     session = open_session(rundir, backend, precision, _device(device))
+    if deterministic:
+        make_row_local(session.backend, len(prompt))
     print_generation(session, prompt, Sampling(max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature,
                                                top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty, seed=seed,
                                                stop_tokens=(session.eos,)))

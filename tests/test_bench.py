@@ -152,6 +152,19 @@ def test_a_batch_past_the_runtimes_bound_is_skipped_saying_so(exported_run, tmp_
     assert rows[33]["status"] == "skipped" and rows[33]["reason"] == "ort-genai runs at most 32 rows at once"
 
 
+def test_deterministic_rows_are_row_local_and_a_backend_without_them_says_why(exported_run, tmp_path):
+    cfg, run, _ = exported_run
+    run = copy_run(run, tmp_path / "run")
+    result = runner.invoke(app, _args(run, "--backend", "torch-compiled", "--backend", "ort", "--precision", "fp32",
+                                      "--deterministic", "--set", f"data.source={cfg.data.source}"))
+    assert result.exit_code == 0, result.output
+    rows = json.loads((run.reports / "bench.json").read_text())["rows"]
+    assert {r["batch"] for r in rows if r["backend"] == "torch-compiled" and r["status"] == "ok"} == {1, 2}
+    refused = [r for r in rows if r["backend"] == "ort"]
+    assert refused and all(r["status"] == "skipped" and "--deterministic" in r["reason"] for r in refused)
+    assert "every row row-local (--deterministic)" in (run.reports / "bench.md").read_text()
+
+
 def test_memory_in_use_is_what_is_held_now_not_the_runs_peak():
     """A backend's held memory is the difference of two readings: one must fall when memory is freed."""
     before = device_memory_mib(torch.device("cpu"))

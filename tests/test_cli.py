@@ -76,6 +76,21 @@ def test_generate_streams_text_and_names_an_unavailable_backend(exported_run):
     assert result.exit_code == 1 and result.output.startswith("error: a prompt of 1 tokens plus max_new_tokens=1000")
 
 
+def test_generate_deterministic_takes_a_static_backend_or_one_prompt(exported_run):
+    """--deterministic: torch-compiled computes each prompt's row as it would alone, so two prompts give
+    each its own text alone; ort batches them in one call, so it takes one prompt and names the fix."""
+    cfg, run, _ = exported_run
+    pick = ("--backend", "torch-compiled", "--precision", "fp32", "--max-new-tokens", "6", "--deterministic")
+    both = runner.invoke(app, _stage_args("generate", cfg, run, "Return the", "The module returns", *pick))
+    alone = runner.invoke(app, _stage_args("generate", cfg, run, "The module returns", *pick))
+    assert both.exit_code == 0 and alone.exit_code == 0, both.output + alone.output
+    assert both.output.splitlines()[1] == alone.output.splitlines()[0]
+    ort = ("--backend", "ort", "--precision", "fp32", "--max-new-tokens", "3", "--deterministic")
+    assert runner.invoke(app, _stage_args("generate", cfg, run, "Hi", *ort)).exit_code == 0
+    refused = runner.invoke(app, _stage_args("generate", cfg, run, "Hi", "Return the", *ort))
+    assert refused.exit_code == 1 and refused.output.startswith("error: --deterministic: the ort backend computes")
+
+
 def test_validate_exits_non_zero_over_budget(exported_run, tmp_path):
     from tests.conftest import copy_run
 

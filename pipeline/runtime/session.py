@@ -13,6 +13,7 @@ from pipeline.runtime.backend import Backend, BackendUnavailable
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.loader import open_backend
 from pipeline.runtime.sampling import Sampling
+from pipeline.runtime.static.static_backend import StaticCacheBackend
 from pipeline.tokenizer import encode, load_tokenizer
 
 
@@ -42,6 +43,17 @@ def open_named_backend(run: RunDir, backend: str, precision: str, device: torch.
         return open_backend(run, backend, precision, device)
     except BackendUnavailable as e:
         raise UserError(f"--backend {backend} --precision {precision}: {e}") from None
+
+
+def make_row_local(backend: Backend, rows: int | None) -> None:
+    """--deterministic outside the server (docs/design.md, "Deterministic serving"): a static-cache backend
+    computes every row as that row alone would; another computes a batch's rows in one runtime call whose
+    kernels depend on the batch, so it may take one row at a time (rows 1) and is refused more."""
+    if isinstance(backend, StaticCacheBackend):
+        backend.make_row_local()
+    elif rows != 1:
+        raise UserError(f"--deterministic: the {backend.name} backend computes a batch's rows in one call whose "
+                        "kernels depend on the batch; use triton or torch-compiled (CPU), or one prompt")
 
 
 def open_session(run: RunDir, backend: str, precision: str, device: torch.device) -> Session:
