@@ -29,7 +29,6 @@ from pipeline.artifacts import RunDir
 from pipeline.bench_report import write_reports
 from pipeline.config import Config
 from pipeline.data import heldout_blocks, prepare_data
-from pipeline.errors import UserError
 from pipeline.machine import environment, model_description
 from pipeline.model import synchronize
 from pipeline.progress import progress
@@ -38,7 +37,7 @@ from pipeline.runtime.batch import Prompts
 from pipeline.runtime.generate import Generator
 from pipeline.runtime.loader import open_backend
 from pipeline.runtime.sampling import Sampling
-from pipeline.runtime.session import make_row_local
+from pipeline.runtime.session import RowLocalRefused, make_row_local
 from pipeline.step_cost import copy_bandwidth, device_ops_per_step, step_cost, step_read_bytes
 from pipeline.tokenizer import load_tokenizer
 
@@ -177,11 +176,11 @@ def bench(cfg: Config, run: RunDir, device: torch.device, settings: BenchSetting
         in_use = device_memory_mib(device)
         start = time.perf_counter()
         try:
-            backend = open_backend(run, name, precision, device)
+            backend = open_backend(run, name, precision, device)  # its UserError (a stale graph) stops the bench
             if settings.deterministic:
                 make_row_local(backend, max(settings.batches))
             opened[name, precision] = backend
-        except (BackendUnavailable, UserError) as e:
+        except (BackendUnavailable, RowLocalRefused) as e:
             rows += [Row(name, precision, b, "skipped", decoding=d, reason=str(e)) for b in settings.batches for d in decodings]
             continue
         synchronize(device)

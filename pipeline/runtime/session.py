@@ -45,14 +45,21 @@ def open_named_backend(run: RunDir, backend: str, precision: str, device: torch.
         raise UserError(f"--backend {backend} --precision {precision}: {e}") from None
 
 
+class RowLocalRefused(UserError):
+    """--deterministic asked of a backend that cannot compute its rows row-local (make_row_local)."""
+
+
 def make_row_local(backend: Backend, rows: int | None) -> None:
     """--deterministic outside the server (docs/design.md, "Deterministic serving"): a static-cache backend
     computes every row as that row alone would; another computes a batch's rows in one runtime call whose
     kernels depend on the batch, so it may take one row at a time (rows 1) and is refused more."""
     if isinstance(backend, StaticCacheBackend):
-        backend.make_row_local()
+        try:
+            backend.make_row_local()
+        except UserError as e:
+            raise RowLocalRefused(str(e)) from None
     elif rows != 1:
-        raise UserError(f"--deterministic: the {backend.name} backend computes a batch's rows in one call whose "
+        raise RowLocalRefused(f"--deterministic: the {backend.name} backend computes a batch's rows in one call whose "
                         "kernels depend on the batch; use triton or torch-compiled (CPU), or one prompt")
 
 
