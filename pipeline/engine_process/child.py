@@ -64,10 +64,10 @@ def new_scorer(backend, run) -> Scorer:
     from pipeline.runtime.scoring import Scorer, eager_logits
 
     if backend.own_scoring:
-        return Scorer(backend.sequence_logits, backend.device)
+        return Scorer(backend.sequence_logits)
     half = backend.device.type == "cuda" and backend.precision != "fp32"
     model = load_checkpoint(run.checkpoint)
-    return Scorer(eager_logits(model, backend.device, torch.float16 if half else torch.float32), backend.device)
+    return Scorer(eager_logits(model, backend.device, torch.float16 if half else torch.float32))
 
 
 class Commands:

@@ -67,7 +67,7 @@ class Backend:
         raise NotImplementedError(f"{self.name} has no fused sampling")
 
     def sequence_logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """With own_scoring, at any time: one sequence's ids [S] int64 -> its logits [S, V] at every position."""
+        """With own_scoring, at any time: one sequence's ids [S] int64 on the host -> its logits [S, V] at every position."""
         raise NotImplementedError(f"{self.name} has no scoring of its own")
 
 

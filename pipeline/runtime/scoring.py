@@ -15,7 +15,7 @@ import torch
 
 MAX_TOP = 20  # the most alternatives per position a request may ask for (vLLM's default cap)
 
-Logits = Callable[[torch.Tensor], torch.Tensor]  # one sequence's ids [S] -> its logits [S, V] at every position
+Logits = Callable[[torch.Tensor], torch.Tensor]  # one sequence's ids [S] on the host -> its logits [S, V] at every position
 
 
 @dataclass(frozen=True)
@@ -30,14 +30,14 @@ def eager_logits(model, device: torch.device, dtype: torch.dtype = torch.float32
     """The checkpoint's model in eager PyTorch, in the served precision's float type (fp32 on a CPU):
     the forward of a backend that has no scoring of its own."""
     model = model.to(device=device, dtype=dtype).eval()
-    return lambda ids: model(input_ids=ids[None]).logits[0]
+    return lambda ids: model(input_ids=ids[None].to(device)).logits[0]
 
 
 class Scorer:
     """Sequences scored by `logits`, on the device its logits come on."""
 
-    def __init__(self, logits: Logits, device: torch.device):
-        self.logits, self.device = logits, device
+    def __init__(self, logits: Logits):
+        self.logits = logits
 
     @torch.inference_mode()
     def score(self, sequences: list[list[int]], starts: list[int], top: int) -> list[Scores]:
@@ -53,8 +53,9 @@ class Scorer:
                 for seq, start in zip(sequences, starts)]
 
     def score_one(self, seq: list[int], start: int, top: int) -> Scores:
-        ids = torch.tensor(seq, device=self.device)
+        ids = torch.tensor(seq)
         logits = self.logits(ids)[start - 1:len(seq) - 1]  # position t predicts token t + 1
+        ids = ids.to(logits.device)
         logprobs = torch.log_softmax(logits.float(), dim=-1)  # fp32: fp16 would lose the small ones
         chosen = logprobs.gather(1, ids[start:, None])[:, 0]
         values, tokens = logprobs.topk(top, dim=-1)

@@ -22,7 +22,7 @@ from pipeline.runtime.scoring import Scorer, Scores, eager_logits
 @pytest.fixture(scope="module")
 def scorer():
     cfg = load_config("tiny", overrides=["model.n_layer=1", "model.n_embd=32", "model.n_head=2"])
-    return Scorer(eager_logits(new_model(cfg.model, seed=0), torch.device("cpu")), torch.device("cpu"))
+    return Scorer(eager_logits(new_model(cfg.model, seed=0), torch.device("cpu")))
 
 
 def channels(count: int):

@@ -33,8 +33,8 @@ def scored_between_steps(backend, reference, prompts: list[list[int]], sequence:
     for step, token in enumerate(Generator(backend, pad_id=0).stream(prompts, s)):
         tokens.append(token.clone())
         if step == 2:
-            scores = Scorer(backend.sequence_logits, backend.device).score([sequence], [1], top=3)[0]
+            scores = Scorer(backend.sequence_logits).score([sequence], [1], top=3)[0]
     assert torch.equal(torch.stack(tokens), torch.stack(undisturbed))
-    expected = Scorer(reference, torch.device("cpu")).score([sequence], [1], top=3)[0]
+    expected = Scorer(reference).score([sequence], [1], top=3)[0]
     assert scores.token_logprobs == pytest.approx(expected.token_logprobs, abs=1e-4)
     assert [[t for t, _ in top] for top in scores.top] == [[t for t, _ in top] for top in expected.top]

@@ -10,7 +10,7 @@ from tests.runtime.conftest import PROMPTS, scored_between_steps
 
 
 def test_scores_are_the_log_softmax_of_the_logits_before_each_token(model):
-    scorer = Scorer(eager_logits(model, torch.device("cpu")), torch.device("cpu"))
+    scorer = Scorer(eager_logits(model, torch.device("cpu")))
     scores = scorer.score(PROMPTS, [1, 2, 3], top=4)
     for seq, start, s in zip(PROMPTS, [1, 2, 3], scores):
         with torch.no_grad():
@@ -23,7 +23,7 @@ def test_scores_are_the_log_softmax_of_the_logits_before_each_token(model):
 
 
 def test_a_whole_sequence_scored_from_its_end_is_empty_and_bad_arguments_are_refused(model):
-    scorer = Scorer(eager_logits(model, torch.device("cpu")), torch.device("cpu"))
+    scorer = Scorer(eager_logits(model, torch.device("cpu")))
     assert scorer.score([[5, 6]], [2], top=0)[0].token_logprobs == []
     with pytest.raises(ValueError, match="start is 0"):
         scorer.score([[5, 6]], [0], top=1)

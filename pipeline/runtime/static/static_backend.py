@@ -288,7 +288,7 @@ class StaticCacheBackend(Backend):
         serving, filled = self.slot, self.length
         self.bind(self.scoring_slot, 0)
         try:
-            return self.prefill(left_pad(ids[None].cpu().numpy(), 0, self.device), last_only=False)[0]
+            return self.prefill(left_pad(ids[None].numpy(), 0, self.device), last_only=False)[0]
         finally:
             self.bind(serving, filled)
 

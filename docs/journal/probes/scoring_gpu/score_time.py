@@ -36,8 +36,8 @@ def main() -> None:
     batch = left_pad([sequence], 0, cuda)
     backend.reset(1, 513)
     prefill = median_ms(lambda: backend.prefill(batch))
-    own = Scorer(backend.sequence_logits, cuda)
-    eager = Scorer(eager_logits(model, cuda, torch.float16), cuda)  # the backend holds its own copy of the weights
+    own = Scorer(backend.sequence_logits)
+    eager = Scorer(eager_logits(model, cuda, torch.float16))  # the backend holds its own copy of the weights
     ms = {name: median_ms(lambda s=s: s.score([sequence], [1], top=1)) for name, s in (("own", own), ("eager", eager))}
     print(f"prefill 1x512 {prefill:.3f} ms | own scoring {ms['own']:.3f} ms ({ms['own'] / prefill:.2f}x) | "
           f"eager scoring {ms['eager']:.3f} ms ({ms['eager'] / prefill:.2f}x)")
